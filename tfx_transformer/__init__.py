@@ -1,0 +1,32 @@
+"""Keras 3 Transformer layers shared by the translation and detection applications."""
+
+from tfx_transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from tfx_transformer.decoder import TransformerDecoder, TransformerDecoderLayer
+from tfx_transformer.encoder import TransformerEncoder, TransformerEncoderLayer
+from tfx_transformer.feedforward import FeedForward
+from tfx_transformer.masks import causal_mask, merge_masks, padding_mask
+from tfx_transformer.position import (
+    LearnedPositionEmbedding,
+    SinePositionEmbedding2D,
+    SinusoidalPositionEncoding,
+)
+from tfx_transformer.schedules import NoamSchedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FeedForward",
+    "LearnedPositionEmbedding",
+    "MultiHeadAttention",
+    "NoamSchedule",
+    "SinePositionEmbedding2D",
+    "SinusoidalPositionEncoding",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+    "causal_mask",
+    "merge_masks",
+    "padding_mask",
+    "scaled_dot_product_attention",
+]
