@@ -175,7 +175,7 @@ class MultiHeadAttention(keras.layers.Layer):
 
     def _dense(self, equation, output_shape, bias_axes, name):
         clone = lambda init: init.__class__.from_config(init.get_config())  # noqa: E731
-        return keras.layers.EinsumDense(
+        dense = keras.layers.EinsumDense(
             equation,
             output_shape=output_shape,
             bias_axes=bias_axes if self.use_bias else None,
@@ -184,6 +184,10 @@ class MultiHeadAttention(keras.layers.Layer):
             dtype=self.dtype_policy,
             name=name,
         )
+        # Implicit Keras masks are consumed by this layer (query_mask/value_mask/key_mask);
+        # the projections just pass them along instead of warning that they drop them.
+        dense.supports_masking = True
+        return dense
 
     def build(self, query_shape, value_shape, key_shape=None):
         key_shape = value_shape if key_shape is None else key_shape

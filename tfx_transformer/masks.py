@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import keras
 from keras import ops
 
 __all__ = ["causal_mask", "padding_mask", "merge_masks"]

@@ -56,7 +56,8 @@ def _config_round_trip(layer_cls, init_kwargs):
             )
     rebuilt = layer_cls.from_config(json.loads(json.dumps(config)))
     if rebuilt.get_config() != config:
-        raise AssertionError(f"config round trip changed the config:\n{config}\n{rebuilt.get_config()}")
+        got = rebuilt.get_config()
+        raise AssertionError(f"config round trip changed the config:\n{config}\n{got}")
     serialized = json.loads(json.dumps(keras.saving.serialize_keras_object(layer)))
     if not isinstance(keras.saving.deserialize_keras_object(serialized), layer_cls):
         raise AssertionError(f"{layer_cls.__name__} does not deserialize by its registered name")

@@ -1,0 +1,189 @@
+"""DETR's set prediction loss (``SetCriterion`` of facebookresearch/detr ``models/detr.py``).
+
+For each decoder output (the last layer and, with `aux_loss`, every earlier one) predictions
+are matched one-to-one to the ground truth by a `HungarianMatcher`, then:
+
+- ``loss_ce``: cross-entropy over all `Q` queries; the target of a matched query is its
+  object's class, of an unmatched query the no-object class (index `num_classes`). Class
+  weights are 1 and `eos_coef` for no-object; the mean is weighted, ``Σ wᵢ ℓᵢ / Σ wᵢ``
+  (PyTorch's ``F.cross_entropy(..., weight=...)``).
+- ``loss_bbox``: ``Σ |Δ|`` of normalized cxcywh coordinates over matched pairs / num_boxes.
+- ``loss_giou``: ``Σ (1 − GIoU)`` over matched pairs / num_boxes.
+
+``num_boxes = max(valid targets in the batch, 1)``. Under a distribution strategy, pass the
+average over replicas instead (`num_boxes` argument; `count_boxes` gives the local count to
+all-reduce), as DETR does.
+
+The loss is ``keras.ops`` throughout except for the matcher's solver: with
+``HungarianMatcher(solver="scipy")`` (a host callback) compile the train step with
+``jit_compile=False``; with ``solver="ops"`` it compiles with XLA.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import keras
+from keras import ops
+
+from vision.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
+from vision.matcher import HungarianMatcher
+
+__all__ = ["SetCriterion"]
+
+_DEFAULT_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class SetCriterion:
+    """Hungarian-matched set loss of DETR, with auxiliary decoding losses.
+
+    Args:
+        num_classes: Number of object classes `C`, not counting no-object.
+        matcher: Callable `(pred_logits, pred_boxes, labels, boxes, valid) -> (B, Q)` int
+            indices (-1 = unmatched), normally a `HungarianMatcher`.
+        eos_coef: Classification weight of the no-object class.
+        weight_dict: Weight of each loss in the total ``loss``. A key ``loss_ce`` also weights
+            the auxiliary ``loss_ce_0``, ``loss_ce_1``, ...; an explicit ``loss_ce_0`` key
+            overrides it. Losses without a weight are reported but not added.
+            Default ``{"loss_ce": 1, "loss_bbox": 5, "loss_giou": 2}``.
+        aux_loss: Whether to add the losses of ``outputs["aux_outputs"]``.
+
+    Call arguments:
+        outputs: Dict with ``pred_logits`` `(B, Q, C + 1)`, ``pred_boxes`` `(B, Q, 4)`
+            (normalized cxcywh) and optionally ``aux_outputs``: a list of such dicts, one per
+            earlier decoder layer.
+        targets: Dict with ``labels`` `(B, M)` int in `[0, C)`, ``boxes`` `(B, M, 4)`
+            normalized cxcywh and ``valid`` `(B, M)` bool (False = padding).
+        num_boxes: Optional normalizer for the box losses: the number of valid targets
+            averaged over replicas. Clamped to at least 1. Default: `count_boxes(targets)`.
+
+    Returns:
+        Dict of float32 scalars: ``loss_ce``, ``loss_bbox``, ``loss_giou``; for aux layer `i`
+        ``loss_ce_i``, ``loss_bbox_i``, ``loss_giou_i``; and ``loss``, the weighted sum.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        matcher: HungarianMatcher,
+        eos_coef: float = 0.1,
+        weight_dict: dict[str, float] | None = None,
+        aux_loss: bool = True,
+    ) -> None:
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(
+                f"`num_classes` must be a positive integer. Received: num_classes={num_classes!r}"
+            )
+        if not eos_coef >= 0:
+            raise ValueError(f"`eos_coef` must be >= 0. Received: eos_coef={eos_coef!r}")
+        if not callable(matcher):
+            raise TypeError(f"`matcher` must be callable. Received: matcher={matcher!r}")
+        self.num_classes = num_classes
+        self.matcher = matcher
+        self.eos_coef = float(eos_coef)
+        self.weight_dict = dict(_DEFAULT_WEIGHTS if weight_dict is None else weight_dict)
+        self.aux_loss = bool(aux_loss)
+
+    @staticmethod
+    def count_boxes(targets: dict) -> Any:
+        """Number of valid targets in `targets` as a float32 scalar (before any all-reduce)."""
+        return ops.sum(ops.cast(targets["valid"], "float32"))
+
+    def __call__(self, outputs: dict, targets: dict, num_boxes: Any = None) -> dict:
+        for key in ("labels", "boxes", "valid"):
+            if key not in targets:
+                raise ValueError(
+                    f"`targets` must have keys 'labels', 'boxes' and 'valid'. "
+                    f"Received: keys={sorted(targets)}"
+                )
+        labels = ops.convert_to_tensor(targets["labels"])
+        boxes = ops.cast(targets["boxes"], "float32")
+        valid = ops.cast(targets["valid"], "bool")
+        if num_boxes is None:
+            num_boxes = self.count_boxes(targets)
+        num_boxes = ops.maximum(ops.cast(num_boxes, "float32"), 1.0)
+
+        losses = self._layer_losses(outputs, labels, boxes, valid, num_boxes, "outputs")
+        if self.aux_loss:
+            for i, aux in enumerate(outputs.get("aux_outputs") or []):
+                aux_losses = self._layer_losses(
+                    aux, labels, boxes, valid, num_boxes, f"outputs['aux_outputs'][{i}]"
+                )
+                losses.update({f"{name}_{i}": value for name, value in aux_losses.items()})
+        total = ops.zeros((), "float32")
+        for name, value in losses.items():
+            weight = self._weight(name)
+            if weight:
+                total = total + weight * value
+        losses["loss"] = total
+        return losses
+
+    def _weight(self, name: str) -> float:
+        if name in self.weight_dict:
+            return float(self.weight_dict[name])
+        base = re.sub(r"_\d+$", "", name)  # loss_ce_3 -> loss_ce
+        return float(self.weight_dict.get(base, 0.0))
+
+    def _layer_losses(
+        self, layer: dict, labels: Any, boxes: Any, valid: Any, num_boxes: Any, where: str
+    ) -> dict:
+        """The three losses of one decoder layer's predictions."""
+        if "pred_logits" not in layer or "pred_boxes" not in layer:
+            raise ValueError(
+                f"`{where}` must have keys 'pred_logits' and 'pred_boxes'. "
+                f"Received: keys={sorted(layer)}"
+            )
+        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C + 1)
+        pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
+        if len(logits.shape) != 3 or logits.shape[-1] != self.num_classes + 1:
+            raise ValueError(
+                f"`{where}['pred_logits']` must have shape (B, Q, num_classes + 1) = "
+                f"(B, Q, {self.num_classes + 1}). Received: shape={tuple(logits.shape)}"
+            )
+        indices = self.matcher(logits, pred_boxes, labels, boxes, valid)
+        indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
+        matched = indices >= 0  # (B, Q)
+        safe_indices = ops.maximum(indices, 0)
+
+        # Classification over all queries; unmatched queries target no-object.
+        matched_labels = ops.take_along_axis(ops.cast(labels, "int32"), safe_indices, axis=1)
+        target_classes = ops.where(matched, matched_labels, self.num_classes)  # (B, Q)
+        log_probs = ops.log_softmax(logits, axis=-1)
+        nll = -ops.take_along_axis(log_probs, target_classes[..., None], axis=-1)[..., 0]
+        weights = ops.where(matched, 1.0, self.eos_coef)  # (B, Q)
+        loss_ce = _safe_divide(ops.sum(weights * nll), ops.sum(weights))
+
+        # Box losses over matched pairs only.
+        gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
+        target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
+        l1 = ops.sum(ops.abs(pred_boxes - target_boxes), axis=-1)  # (B, Q)
+        giou = generalized_box_iou(
+            box_cxcywh_to_xyxy(pred_boxes)[..., None, :],  # (B, Q, 1, 4)
+            box_cxcywh_to_xyxy(target_boxes)[..., None, :],
+        )[..., 0, 0]  # (B, Q): GIoU of each query with its own target
+        zeros = ops.zeros_like(l1)
+        loss_bbox = ops.sum(ops.where(matched, l1, zeros)) / num_boxes
+        loss_giou = ops.sum(ops.where(matched, 1.0 - giou, zeros)) / num_boxes
+        return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+
+    def get_config(self) -> dict:
+        return {
+            "num_classes": self.num_classes,
+            "matcher": keras.saving.serialize_keras_object(self.matcher),
+            "eos_coef": self.eos_coef,
+            "weight_dict": dict(self.weight_dict),
+            "aux_loss": self.aux_loss,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> SetCriterion:
+        config = dict(config)
+        config["matcher"] = keras.saving.deserialize_keras_object(config["matcher"])
+        return cls(**config)
+
+
+def _safe_divide(numerator: Any, denominator: Any) -> Any:
+    safe = ops.where(denominator > 0, denominator, 1.0)
+    return ops.where(denominator > 0, numerator / safe, 0.0)
