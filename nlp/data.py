@@ -1,0 +1,381 @@
+"""Translation data: `--data` sources and length-bucketed batches for Keras `fit`.
+
+Data specs:
+
+- `embedded`: the offline English→German corpus of `nlp.embedded`.
+- `tsv:PATH`: a UTF-8 file of `source<TAB>target` lines. A deterministic `valid_fraction` of the
+  distinct source sentences is held out (chosen by a hash of the sentence, so the same file
+  always gives the same split and a repeated source never straddles both splits).
+- `tfds:NAME`: a TensorFlow Datasets translation dataset, e.g. `tfds:ted_hrlr_translate/pt_to_en`
+  or `tfds:wmt14_translate/de-en`; (source, target) follow the builder's supervised keys.
+
+Splits are "train", "valid" and "all" (train followed by valid).
+
+`make_batches` turns (source, target) strings into Keras inputs:
+`({"source": (B, S) int32, "target_in": (B, T) int32}, target_out (B, T) int32)` with
+source = tokens + eos, target_in = bos + tokens, target_out = tokens + eos, padded with 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+
+import tensorflow as tf
+
+from nlp import embedded
+from nlp.tokenizer import Tokenizer
+
+__all__ = [
+    "SCHEMES",
+    "SPLITS",
+    "BatchStats",
+    "evaluation_split",
+    "load_dataset",
+    "load_pairs",
+    "make_batches",
+    "parse_data_spec",
+    "read_tsv",
+    "split_pairs",
+]
+
+SCHEMES = ("embedded", "tsv", "tfds")
+SPLITS = ("train", "valid", "all")
+
+Pair = tuple[str, str]
+
+
+def parse_data_spec(spec: str) -> tuple[str, str]:
+    """Splits a `--data` spec into (scheme, argument).
+
+    Args:
+        spec: "embedded", "tsv:PATH" or "tfds:NAME".
+
+    Returns:
+        `(scheme, argument)`; the argument is "" for `embedded`.
+
+    Raises:
+        ValueError: For an unknown scheme or a missing argument.
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"`data` must be a string such as 'embedded'. Received: data={spec!r}")
+    scheme, _, argument = spec.partition(":")
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"Unknown data scheme {scheme!r} in data={spec!r}. "
+            "Accepted: 'embedded', 'tsv:PATH', 'tfds:NAME'."
+        )
+    if scheme == "embedded" and argument:
+        raise ValueError(f"`embedded` takes no argument. Received: data={spec!r}")
+    if scheme != "embedded" and not argument:
+        raise ValueError(
+            f"`{scheme}:` needs a {'path' if scheme == 'tsv' else 'dataset name'}. "
+            f"Received: data={spec!r}"
+        )
+    return scheme, argument
+
+
+def evaluation_split(spec: str) -> str:
+    """The split evaluation scores: every pair of a `tsv:` file, else the held-out split."""
+    return "all" if parse_data_spec(spec)[0] == "tsv" else "valid"
+
+
+def read_tsv(path: str | os.PathLike) -> list[Pair]:
+    """Reads `source<TAB>target` lines of a UTF-8 file.
+
+    Blank lines are skipped; columns after the second (e.g. attributions in Tatoeba exports) are
+    ignored; both sides are stripped of surrounding whitespace.
+
+    Args:
+        path: The file.
+
+    Returns:
+        The `(source, target)` pairs in file order.
+
+    Raises:
+        ValueError: If the file is missing, or a line is not UTF-8, has no tab or an empty side;
+            the message names the file and the line number.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"TSV file not found. Received: path={path!r}")
+    with open(path, "rb") as f:
+        data = f.read()
+    pairs = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{path}:{number}: line is not valid UTF-8 ({error.reason})."
+            ) from None
+        if number == 1:
+            line = line.lstrip("\ufeff")  # byte order mark
+        if not line.strip():
+            continue
+        fields = line.rstrip("\r").split("\t")
+        if len(fields) < 2:
+            raise ValueError(
+                f"{path}:{number}: expected 'source<TAB>target', found no tab: {line[:80]!r}"
+            )
+        source, target = fields[0].strip(), fields[1].strip()
+        if not source or not target:
+            side = "source" if not source else "target"
+            raise ValueError(f"{path}:{number}: empty {side} in {line[:80]!r}")
+        pairs.append((source, target))
+    return pairs
+
+
+def _source_hash(source: str) -> int:
+    return int.from_bytes(hashlib.blake2b(source.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def split_pairs(pairs: list[Pair], valid_fraction: float = 0.05) -> tuple[list[Pair], list[Pair]]:
+    """Holds out a deterministic share of the distinct source sentences.
+
+    The `ceil(valid_fraction * distinct sources)` sources with the smallest hash (at least one
+    when `valid_fraction > 0`, never all of them) go to the held-out split with all their pairs.
+
+    Args:
+        pairs: `(source, target)` pairs.
+        valid_fraction: Share of distinct sources to hold out, in `[0, 1)`.
+
+    Returns:
+        `(train, valid)`, each in the order of `pairs`.
+    """
+    if not isinstance(valid_fraction, (int, float)) or not 0 <= valid_fraction < 1:
+        raise ValueError(
+            f"`valid_fraction` must be in [0, 1). Received: valid_fraction={valid_fraction!r}"
+        )
+    sources = sorted({source for source, _ in pairs}, key=lambda s: (_source_hash(s), s))
+    count = min(math.ceil(valid_fraction * len(sources)), len(sources) - 1)
+    held_out = set(sources[: max(count, 0)])
+    train = [pair for pair in pairs if pair[0] not in held_out]
+    valid = [pair for pair in pairs if pair[0] in held_out]
+    return train, valid
+
+
+def _check_split_and_limit(split: str, limit: int | None) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"`limit` must be a non-negative integer. Received: limit={limit!r}")
+
+
+def _pairs_to_dataset(pairs: list[Pair]) -> tf.data.Dataset:
+    sources = tf.constant([s for s, _ in pairs], dtype=tf.string, shape=[len(pairs)])
+    targets = tf.constant([t for _, t in pairs], dtype=tf.string, shape=[len(pairs)])
+    return tf.data.Dataset.from_tensor_slices((sources, targets))
+
+
+def _tfds_dataset(name: str, split: str, data_dir: str | None) -> tf.data.Dataset:
+    import tensorflow_datasets as tfds  # Heavy import, only for `tfds:` data.
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        # Its own message lists every dataset TFDS knows: thousands of lines.
+        raise ValueError(
+            f"TensorFlow Datasets has no dataset {name!r}. Received: data='tfds:{name}'"
+        ) from None
+    keys = builder.info.supervised_keys
+    if not keys:
+        languages = getattr(builder.info.features, "languages", None)
+        if not languages or len(languages) != 2:
+            raise ValueError(f"`tfds:{name}` has neither supervised keys nor two languages.")
+        keys = tuple(languages)
+    source_key, target_key = keys
+    available = set(builder.info.splits.keys())
+    # Held-out split: "validation", or "test" for builders without one.
+    held_out = "test" if "validation" not in available and "test" in available else "validation"
+    names = {"train": ["train"], "valid": [held_out], "all": ["train", held_out]}[split]
+    result = None
+    for tfds_split in names:
+        ds = tfds.load(name, split=tfds_split, data_dir=data_dir)
+        ds = ds.map(lambda example: (example[source_key], example[target_key]))
+        result = ds if result is None else result.concatenate(ds)
+    return result
+
+
+def load_dataset(
+    spec: str,
+    split: str = "train",
+    *,
+    valid_fraction: float = 0.05,
+    seed: int = 0,
+    limit: int | None = None,
+    data_dir: str | None = None,
+) -> tf.data.Dataset:
+    """A dataset of `(source, target)` scalar tf.string pairs of one split.
+
+    Args:
+        spec: "embedded", "tsv:PATH" or "tfds:NAME".
+        split: "train", "valid" or "all".
+        valid_fraction: Held-out share of a `tsv:` file.
+        seed: Generator seed of `embedded` (its split never depends on it).
+        limit: Keep at most this many pairs (the first ones; `embedded` generates no more).
+        data_dir: TensorFlow Datasets directory for `tfds:`.
+
+    Returns:
+        A `tf.data.Dataset` of `(source, target)` strings.
+
+    Raises:
+        ValueError: For a bad spec, split, file or argument.
+    """
+    scheme, argument = parse_data_spec(spec)
+    _check_split_and_limit(split, limit)
+    if scheme == "tfds":
+        ds = _tfds_dataset(argument, split, data_dir)
+        return ds if limit is None else ds.take(limit)
+    return _pairs_to_dataset(
+        load_pairs(spec, split, valid_fraction=valid_fraction, seed=seed, limit=limit)
+    )
+
+
+def load_pairs(
+    spec: str,
+    split: str = "train",
+    *,
+    valid_fraction: float = 0.05,
+    seed: int = 0,
+    limit: int | None = None,
+    data_dir: str | None = None,
+) -> list[Pair]:
+    """Like `load_dataset`, but returns a Python list of `(source, target)` strings."""
+    scheme, argument = parse_data_spec(spec)
+    _check_split_and_limit(split, limit)
+    if scheme == "tfds":
+        ds = load_dataset(spec, split, limit=limit, data_dir=data_dir)
+        return [(s.decode("utf-8"), t.decode("utf-8")) for s, t in ds.as_numpy_iterator()]
+    if scheme == "embedded":
+        splits = ["train", "valid"] if split == "all" else [split]
+        pairs = [p for name in splits for p in embedded.generate_pairs(limit, seed, name)]
+    else:
+        train, valid = split_pairs(read_tsv(argument), valid_fraction)
+        pairs = {"train": train, "valid": valid, "all": train + valid}[split]
+    return pairs if limit is None else pairs[:limit]
+
+
+class BatchStats:
+    """Counts of examples kept and dropped (over `max_length`) by `make_batches`.
+
+    The counters grow while the batched dataset is iterated and keep growing over epochs; call
+    `reset()` to start again.
+    """
+
+    def __init__(self):
+        self.kept = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="kept")
+        self.dropped = tf.Variable(tf.constant(0, tf.int64), trainable=False, name="dropped")
+
+    def reset(self) -> None:
+        self.kept.assign(0)
+        self.dropped.assign(0)
+
+    def result(self) -> dict[str, int]:
+        """`{"kept": int, "dropped": int}` so far."""
+        return {"kept": int(self.kept.numpy()), "dropped": int(self.dropped.numpy())}
+
+
+def _bucket_boundaries(max_length: int, min_length: int = 8, step: float = 1.25) -> list[int]:
+    """Exclusive upper bounds of the length buckets; the last one is `max_length + 1`."""
+    boundaries, bound = [], min_length
+    while bound <= max_length:
+        boundaries.append(bound)
+        bound = max(bound + 1, int(bound * step))
+    return boundaries + [max_length + 1]
+
+
+def _check_positive_int(name: str, value: object, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
+
+
+def make_batches(
+    dataset: tf.data.Dataset,
+    tokenizer: Tokenizer,
+    batch_tokens: int = 4096,
+    max_length: int = 128,
+    shuffle: bool = True,
+    seed: int | None = 0,
+    *,
+    shuffle_buffer: int = 20_000,
+    pad_to_bucket_boundary: bool = False,
+) -> tuple[tf.data.Dataset, BatchStats]:
+    """Tokenizes, filters by length and batches `(source, target)` strings by token budget.
+
+    Each batch holds examples of similar length (`bucket_by_sequence_length`) and
+    `B * max(S, T) <= batch_tokens` unless a single example is longer than `batch_tokens`.
+    Examples whose source (with eos) or target (with bos) exceeds `max_length` tokens are
+    dropped and counted in the returned `BatchStats`.
+
+    Args:
+        dataset: `(source, target)` scalar tf.string pairs.
+        tokenizer: The shared tokenizer.
+        batch_tokens: Token budget per batch (padded positions count).
+        max_length: Longest allowed `source` / `target_in` / `target_out`, in tokens.
+        shuffle: Shuffle the pairs (again every epoch) before batching.
+        seed: Shuffle seed; `None` for a non-deterministic order.
+        shuffle_buffer: Size of the shuffle buffer.
+        pad_to_bucket_boundary: Pad to the bucket's width instead of the batch's longest
+            example, so there are few distinct shapes (fewer XLA recompilations).
+
+    Returns:
+        `(batches, stats)`: batches are `({"source": (B, S) int32, "target_in": (B, T) int32},
+        target_out (B, T) int32)`, padded with 0; `stats` counts kept and dropped examples.
+
+    Raises:
+        ValueError: If `batch_tokens`, `max_length` or `shuffle_buffer` is invalid.
+    """
+    _check_positive_int("batch_tokens", batch_tokens)
+    _check_positive_int("max_length", max_length, minimum=2)
+    _check_positive_int("shuffle_buffer", shuffle_buffer)
+    stats = BatchStats()
+    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    pad = tf.constant(tokenizer.pad_id, tf.int32)
+
+    def tokenize(sources, targets):
+        # sources, targets: (N,) strings -> ragged (N, None) int32 ids.
+        source_ids = tokenizer.tokenize(sources)
+        target_ids = tokenizer.tokenize(targets)
+        n = tf.shape(sources)[0]
+        eos_column = tf.fill([n, 1], tf.constant(eos, tf.int32))
+        bos_column = tf.fill([n, 1], tf.constant(bos, tf.int32))
+        return (
+            tf.concat([source_ids, eos_column], axis=1),
+            tf.concat([bos_column, target_ids], axis=1),
+            tf.concat([target_ids, eos_column], axis=1),
+        )
+
+    def fits(source, target_in, target_out):
+        keep = tf.logical_and(tf.size(source) <= max_length, tf.size(target_in) <= max_length)
+        count = tf.cast(keep, tf.int64)
+        with tf.control_dependencies(
+            [stats.kept.assign_add(count), stats.dropped.assign_add(1 - count)]
+        ):
+            return tf.identity(keep)
+
+    boundaries = _bucket_boundaries(max_length)
+    # Bucket i holds lengths in [boundaries[i-1], boundaries[i]); the last bucket (longer than
+    # max_length) stays empty after the filter.
+    widths = [bound - 1 for bound in boundaries]
+    batch_sizes = [max(1, batch_tokens // width) for width in widths] + [1]
+
+    ds = dataset
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    # Tokenize 1024 strings per op call, then split back into examples. Unbatched ragged rows
+    # keep a RaggedTensorSpec (ragged_rank 0) that padded_batch rejects; the map makes them
+    # plain (n,) tensors.
+    ds = ds.batch(1024).map(tokenize, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+    ds = ds.map(lambda *ids: tuple(tf.identity(x) for x in ids))
+    ds = ds.filter(fits)
+    ds = ds.bucket_by_sequence_length(
+        element_length_func=lambda s, t_in, t_out: tf.maximum(tf.size(s), tf.size(t_in)),
+        bucket_boundaries=boundaries,
+        bucket_batch_sizes=batch_sizes,
+        padding_values=(pad, pad, pad),
+        pad_to_bucket_boundary=pad_to_bucket_boundary,
+    )
+    ds = ds.map(lambda s, t_in, t_out: ({"source": s, "target_in": t_in}, t_out))
+    return ds.prefetch(tf.data.AUTOTUNE), stats

@@ -1,0 +1,228 @@
+"""SentencePiece tokenizer shared by source and target, usable in and out of the graph.
+
+`train_tokenizer` writes a SentencePiece model file trained on raw text. `Tokenizer` wraps the
+serialized model proto: in the graph through `tensorflow_text.SentencepieceTokenizer` (tf.data
+pipelines, `tf.function`, SavedModel export — the proto bytes are embedded in the traced graph),
+and in Python through `sentencepiece.SentencePieceProcessor`.
+
+Special ids: pad 0, unk 1, bos 2, eos 3.
+
+Example:
+
+>>> path = train_tokenizer(["Ich habe zwölf Äpfel.", "I have twelve apples."], "/tmp/sp.model")
+>>> tokenizer = Tokenizer.from_file(path)
+>>> tokenizer.decode(tokenizer.encode("I have twelve apples."))
+'I have twelve apples.'
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "train_tokenizer"]
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    model_path: str | os.PathLike,
+    vocab_size: int = 8000,
+    *,
+    max_sentences: int = 2_000_000,
+    model_type: str = "unigram",
+) -> str:
+    """Trains a SentencePiece model on `texts` and writes it to `model_path`.
+
+    `vocab_size` is an upper bound: on a small corpus that cannot fill it, the vocabulary is
+    clamped to what the text supports (SentencePiece's `hard_vocab_limit=false`). Every character
+    of the text is covered (`character_coverage=1.0`), so umlauts and "ß" never map to unk.
+
+    Args:
+        texts: Training sentences, source and target together (one shared vocabulary).
+        model_path: Where to write the model file (e.g. `DIR/tokenizer.model`).
+        vocab_size: Largest vocabulary size, special tokens included.
+        max_sentences: Only the first `max_sentences` non-empty texts are used.
+        model_type: SentencePiece model type: "unigram" or "bpe".
+
+    Returns:
+        `model_path` as a string.
+
+    Raises:
+        ValueError: If `vocab_size`, `max_sentences` or `model_type` is invalid, or `texts`
+            holds no non-empty sentence.
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 5:
+        raise ValueError(
+            f"`vocab_size` must be an integer >= 5. Received: vocab_size={vocab_size!r}"
+        )
+    if isinstance(max_sentences, bool) or not isinstance(max_sentences, int) or max_sentences < 1:
+        raise ValueError(
+            f"`max_sentences` must be a positive integer. Received: max_sentences={max_sentences!r}"
+        )
+    if model_type not in ("unigram", "bpe"):
+        raise ValueError(
+            f"`model_type` must be 'unigram' or 'bpe'. Received: model_type={model_type!r}"
+        )
+    sentences = []
+    for text in texts:
+        text = text.strip()
+        if text:
+            sentences.append(text)
+            if len(sentences) >= max_sentences:
+                break
+    if not sentences:
+        raise ValueError("`texts` must contain at least one non-empty sentence. Received none.")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        model_type=model_type,
+        character_coverage=1.0,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+    model_path = os.fspath(model_path)
+    directory = os.path.dirname(model_path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    with open(model_path, "wb") as f:
+        f.write(model.getvalue())
+    return model_path
+
+
+class Tokenizer(tf.Module):
+    """A SentencePiece tokenizer that works in Python, in tf.data and in exported graphs.
+
+    In-graph calls (`tokenize`, `detokenize`) put the SentencePiece op, with the model proto as
+    an attribute, into the graph being traced: a tf.data pipeline or a `tf.function` of a
+    `tf.Module` exported with `tf.saved_model.save` carries the model with it, and the
+    SavedModel runs where only `tensorflow` and `tensorflow_text` are installed.
+
+    Args:
+        model_proto: The serialized SentencePiece model (the bytes of a `.model` file).
+        name: Name of the module.
+    """
+
+    def __init__(self, model_proto: bytes, name: str | None = None):
+        super().__init__(name=name)
+        if not isinstance(model_proto, bytes) or not model_proto:
+            raise TypeError(
+                "`model_proto` must be the non-empty bytes of a SentencePiece model. "
+                f"Received: type={type(model_proto).__name__}"
+            )
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.LoadFromSerializedProto(model_proto)
+        except RuntimeError as error:
+            raise ValueError(f"`model_proto` is not a valid SentencePiece model: {error}") from None
+        expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
+        found = {
+            "pad": processor.pad_id(),
+            "unk": processor.unk_id(),
+            "bos": processor.bos_id(),
+            "eos": processor.eos_id(),
+        }
+        if found != expected:
+            raise ValueError(
+                f"`model_proto` must use the special ids {expected}. Received: {found}"
+            )
+        self._model_proto = model_proto
+        self._processor = processor
+
+    def _sentencepiece(self) -> tf_text.SentencepieceTokenizer:
+        # A new TF-Text tokenizer per call, never one kept from __init__: its model resource is
+        # owned by the op's kernel, and an eager kernel dies whenever TensorFlow clears its
+        # caches (`tf.random.set_seed`, `keras.utils.set_random_seed`), which would leave a kept
+        # tokenizer pointing at a deleted resource. Built in a graph (tf.data, tf.function,
+        # SavedModel signature), the op and its model proto are part of that graph and live with
+        # it; built eagerly, the kernel comes from the eager cache while it lasts.
+        return tf_text.SentencepieceTokenizer(model=self._model_proto, out_type=tf.int32)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> Tokenizer:
+        """Loads a tokenizer from a SentencePiece `.model` file.
+
+        Raises:
+            ValueError: If `path` does not exist or is not a SentencePiece model.
+        """
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"Tokenizer model file not found. Received: path={path!r}")
+        with open(path, "rb") as f:
+            return cls(f.read())
+
+    @property
+    def model_proto(self) -> bytes:
+        """The serialized SentencePiece model."""
+        return self._model_proto
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special tokens included."""
+        return self._processor.get_piece_size()
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def unk_id(self) -> int:
+        return UNK_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor | tf.Tensor:
+        """Tokenizes strings in the graph (no bos/eos added).
+
+        Args:
+            texts: tf.string, shape `()` or `(B,)`.
+
+        Returns:
+            int32 ids: a `(n,)` Tensor for a scalar input, else a `(B, None)` RaggedTensor.
+        """
+        return self._sentencepiece().tokenize(texts)
+
+    def detokenize(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
+        """Turns ids back into strings in the graph; pad, bos and eos ids are dropped.
+
+        Args:
+            ids: int ids, a Tensor or RaggedTensor of shape `(n,)` or `(B, n)`.
+
+        Returns:
+            tf.string of shape `()` for `(n,)` ids, `(B,)` for `(B, n)` ids.
+        """
+        return self._sentencepiece().detokenize(tf.cast(ids, tf.int32))
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenizes one Python string into ids (no bos/eos added)."""
+        return self._processor.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Turns ids into a Python string; pad, bos and eos ids are dropped."""
+        return self._processor.decode([int(i) for i in ids])
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The vocabulary piece of an id (for attention plots)."""
+        return self._processor.id_to_piece(int(token_id))
