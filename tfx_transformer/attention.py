@@ -27,6 +27,9 @@ def _masked_softmax(scores, mask):
         float32 weights with the shape of ``scores`` broadcast with ``mask``.
     """
     scores = ops.cast(scores, "float32")
+    if scores.shape[-1] == 1:  # a single key: weight 1 where it may be attended
+        ones = ops.ones_like(scores)
+        return ones if mask is None else ops.where(ops.cast(mask, "bool"), ones, 0.0)
     if mask is None:
         return ops.softmax(scores, axis=-1)
     mask = ops.cast(mask, "bool")
