@@ -1,0 +1,68 @@
+"""Corpus BLEU / chrF (sacrebleu) and exact match of a translator over sentence pairs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import keras
+import numpy as np
+import sacrebleu
+import tensorflow as tf
+
+__all__ = ["load_translator", "translate_all", "score", "evaluate"]
+
+
+def load_translator(path: str | os.PathLike, beam: int | None = None) -> Callable:
+    """Loads an exported SavedModel; returns ``texts (N,) tf.string -> (N,) tf.string``.
+
+    Args:
+        path: the export directory.
+        beam: ``None`` or the exported width: beam search (``serving_default``); 1: greedy.
+    """
+    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
+
+    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+        raise ValueError(f"No exported model at {str(path)!r} (expected DIR/export, a SavedModel).")
+    width_file = os.path.join(path, "beam_size.txt")
+    exported = int(open(width_file).read()) if os.path.exists(width_file) else None
+    if beam not in (None, 1, exported):
+        raise ValueError(f"--beam {beam}: this export decodes with beam {exported} or 1 (greedy).")
+    name = "greedy" if beam == 1 and exported != 1 else "serving_default"
+    serve = tf.saved_model.load(str(path)).signatures[name]
+    return lambda text: serve(text=text)["translation"]
+
+
+def translate_all(translate: Callable, sources: Sequence[str], batch_size: int = 64,
+                  progress: bool = True) -> list[str]:
+    """Translates ``sources`` in batches of similar length, keeping their order."""
+    order = np.argsort([len(s) for s in sources], kind="stable")
+    out: list[str] = [""] * len(sources)
+    bar = keras.utils.Progbar(len(sources), unit_name="sentence") if progress else None
+    for start in range(0, len(sources), batch_size):
+        index = order[start:start + batch_size]
+        texts = tf.constant([sources[i] for i in index], tf.string)
+        for i, text in zip(index, translate(texts).numpy()):
+            out[i] = text.decode("utf-8")
+        if bar is not None:
+            bar.add(len(index))
+    return out
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
+    """sacrebleu corpus BLEU and chrF, and the share of exact matches."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
+    bleu = sacrebleu.corpus_bleu(list(hypotheses), [list(references)])
+    chrf = sacrebleu.corpus_chrf(list(hypotheses), [list(references)])
+    exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])
+    return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2),
+            "exact_match": round(float(exact) if len(references) else 0.0, 4),
+            "n": len(references)}
+
+
+def evaluate(translate: Callable, pairs: Sequence[tuple[str, str]], batch_size: int = 64,
+             progress: bool = True) -> tuple[dict, list[str]]:
+    """Scores ``translate`` on ``(source, reference)`` pairs; returns (scores, hypotheses)."""
+    hypotheses = translate_all(translate, [s for s, _ in pairs], batch_size, progress)
+    return score(hypotheses, [t for _, t in pairs]), hypotheses

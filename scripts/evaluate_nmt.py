@@ -1,0 +1,40 @@
+"""Score an exported translator: python scripts/evaluate_nmt.py --model DIR/export --data SPEC.
+
+Scores every pair of a tsv: file and the held-out split of embedded and tfds: data; prints
+JSON with sacrebleu BLEU and chrF, exact match and the number of pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from nlp import data  # noqa: E402
+from nlp.evaluate import evaluate, load_translator  # noqa: E402
+from tfx_transformer.training import run_cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", required=True, help="the export directory (DIR/export)")
+    parser.add_argument("--data", required=True, help="embedded | tsv:PATH | tfds:NAME")
+    parser.add_argument("--beam", type=int, default=None, help="exported width or 1 (greedy)")
+    parser.add_argument("--limit", type=int, default=None, help="score at most N pairs")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    pairs = data.load_pairs(args.data, data.evaluation_split(args.data), limit=args.limit)
+    if not pairs:
+        raise ValueError(f"--data {args.data}: no pairs to score.")
+    translate = load_translator(args.model, args.beam)
+    scores, _ = evaluate(translate, pairs, args.batch_size, progress=sys.stderr.isatty())
+    print(json.dumps(scores))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

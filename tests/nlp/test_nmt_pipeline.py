@@ -1,0 +1,166 @@
+"""Training, resume, export and the three scripts, end to end on tiny data."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nlp.embedded import generate_pairs
+from nlp.export import export_translator, make_translate_fn
+from nlp.model import Seq2SeqTransformer
+from nlp.tokenizer import Tokenizer, train_tokenizer
+from nlp.train import train_nmt
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def _run(*args, stdin=None, cwd=None):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=ENV,
+                          input=stdin, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def tiny_translator(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    pairs = generate_pairs(200)
+    path = train_tokenizer([t for p in pairs for t in p], str(tmp / "tok.model"), vocab_size=200)
+    tokenizer = Tokenizer.from_file(path)
+    keras.utils.set_random_seed(1)
+    model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
+                               num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
+                               dropout=0.0, max_positions=128)
+    export_translator(model, tokenizer, tmp / "export", beam_size=3, extra_length=6)
+    return model, tokenizer, tmp / "export"
+
+
+TEXTS = ["I have three apples.", "", "We moved to Berlin on March 3, 2021. " * 40]
+
+
+def test_export_runs_without_this_project_and_matches_in_process(tiny_translator, tmp_path):
+    model, tokenizer, export = tiny_translator
+    for beam, signature in ((3, "serving_default"), (1, "greedy")):
+        translate = tf.function(make_translate_fn(model, tokenizer, beam, extra_length=6))
+        want = [t.decode() for t in translate(tf.constant(TEXTS)).numpy()]
+        script = textwrap.dedent(f"""
+            import json, sys
+            for name in ("nlp", "vision", "tfx_transformer"):
+                sys.modules[name] = None  # importing this project would fail
+            import tensorflow as tf
+            import tensorflow_text  # noqa: F401
+            serve = tf.saved_model.load({str(export)!r}).signatures[{signature!r}]
+            out = serve(text=tf.constant(json.loads(sys.stdin.read())))["translation"]
+            print(json.dumps([t.decode() for t in out.numpy()]))
+        """)
+        result = _run("-c", script, stdin=json.dumps(TEXTS), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        got = json.loads(result.stdout.strip().splitlines()[-1])
+        assert got == want
+        assert len(got) == 3 and all(isinstance(t, str) for t in got)
+
+
+def test_resume_continues_from_the_next_epoch(tmp_path):
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(120)), encoding="utf-8")
+
+    class Crash(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 0:
+                raise RuntimeError("killed after epoch 1")
+
+    class Record(keras.callbacks.Callback):
+        epochs = []
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epochs.append(epoch)
+
+    common = dict(data_spec=f"tsv:{tsv}", workdir=str(tmp_path / "run"), epochs=3,
+                  vocab_size=120, batch_tokens=512, eval_limit=4, beam_size=1,
+                  log=lambda *a: None)
+    with pytest.raises(RuntimeError, match="killed"):
+        train_nmt(**common, callbacks=[Crash()])
+    first = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
+    assert [e["epoch"] for e in first] == [1]
+    record = Record()
+    train_nmt(**common, callbacks=[record])
+    assert record.epochs == [1, 2]  # epochs 2 and 3: not from scratch
+    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
+    assert [e["epoch"] for e in history] == [1, 2, 3]
+    assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
+
+
+def test_scripts_train_translate_evaluate(tmp_path):
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(60)), encoding="utf-8")
+    work = tmp_path / "work"
+    train = _run(str(ROOT / "scripts/train_nmt.py"), "--data", f"tsv:{tsv}", "--workdir",
+                 str(work), "--max-steps", "3", "--vocab-size", "100", "--beam", "2")
+    assert train.returncode == 0, train.stderr[-3000:]
+    for name in ("tokenizer.model", "metrics.json", "export/saved_model.pb", "checkpoints",
+                 "logs"):
+        assert (work / name).exists(), name
+    metrics = json.loads((work / "metrics.json").read_text())
+    assert metrics["valid"]["n"] == 3 and 0 <= metrics["valid"]["bleu"] <= 100
+
+    out = _run(str(ROOT / "scripts/translate.py"), "--model", str(work / "export"),
+               "I have three apples.", "")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert len(out.stdout.splitlines()) == 2
+    piped = _run(str(ROOT / "scripts/translate.py"), "--model", str(work / "export"),
+                 "--beam", "1", stdin="one\ntwo\nthree\n")
+    assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 3
+
+    scored = _run(str(ROOT / "scripts/evaluate_nmt.py"), "--model", str(work / "export"),
+                  "--data", f"tsv:{tsv}")
+    assert scored.returncode == 0, scored.stderr[-2000:]
+    result = json.loads(scored.stdout.strip().splitlines()[-1])
+    assert result["n"] == 60 and set(result) == {"bleu", "chrf", "exact_match", "n"}
+
+
+def test_scripts_report_bad_input_in_one_line(tmp_path):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tb\nno tab here\n", encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("mine")
+    cases = [
+        (["scripts/train_nmt.py", "--data", f"tsv:{bad}", "--workdir", str(work)], "bad.tsv:2"),
+        (["scripts/train_nmt.py", "--data", "ftp:x", "--workdir", str(work)], "ftp"),
+        (["scripts/translate.py", "--model", str(tmp_path / "missing"), "hi"], "missing"),
+        (["scripts/evaluate_nmt.py", "--model", str(tmp_path), "--data", "embedded"],
+         "export"),
+    ]
+    for args, needle in cases:
+        result = _run(str(ROOT / args[0]), *args[1:])
+        assert result.returncode == 2, (args, result.stderr[-2000:])
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]
+        assert "Traceback" not in result.stderr
+    assert (work / "keep.txt").read_text() == "mine"
+
+
+def test_translations_of_empty_and_very_long_sentences(tiny_translator):
+    model, tokenizer, _ = tiny_translator
+    translate = tf.function(make_translate_fn(model, tokenizer, 2, extra_length=6))
+    out = translate(tf.constant(TEXTS)).numpy()
+    assert out.shape == (3,)
+    np.testing.assert_array_equal([isinstance(t, bytes) for t in out], [True] * 3)
+
+
+def test_cross_attention_plot(tiny_translator, tmp_path):
+    from nlp.plots import cross_attention, plot_cross_attention
+
+    model, tokenizer, _ = tiny_translator
+    weights, src, tgt = cross_attention(model, tokenizer, "I have three apples.",
+                                        translation="Ich habe drei Äpfel.")
+    assert weights.shape == (1, 4, len(tgt), len(src))
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    path = plot_cross_attention(model, tokenizer, "I have three apples.", tmp_path / "a.png")
+    assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
