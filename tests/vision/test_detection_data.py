@@ -1,0 +1,284 @@
+"""Tests of detection data sources, augmentation and batching (`vision.data` and friends)."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from PIL import Image
+
+from vision import augment, coco, data
+from vision.batching import make_batches
+
+MEAN, STD = np.array(augment.IMAGENET_MEAN), np.array(augment.IMAGENET_STD)
+
+
+def test_unknown_scheme_and_bad_specs():
+    with pytest.raises(ValueError, match=r"'csv'.*embedded.*coco:IMAGES_DIR:ANNOTATIONS.*tfds:"):
+        data.load_source("csv:/tmp/x.csv")
+    with pytest.raises(ValueError, match="images folder and an annotations file"):
+        data.parse_data_spec("coco:/only/images")
+    assert data.parse_data_spec("coco:imgs:ann.json") == ("coco", ("imgs", "ann.json"))
+    assert data.parse_data_spec("tfds:voc/2007") == ("tfds", ("voc/2007",))
+    assert data.evaluation_split("coco:a:b.json") == "all"
+    assert data.evaluation_split("embedded") == "valid"
+    with pytest.raises(ValueError, match="no dataset 'no_such_dataset_xyz'"):
+        data.load_source("tfds:no_such_dataset_xyz")
+    with pytest.raises(ValueError, match="split=.*'test'"):
+        data.load_source("embedded", num_train=2, num_valid=2).records("test")
+
+
+def _image(path, mode, size, colour):
+    Image.new(mode, size, colour).save(path)
+    return path.name
+
+
+@pytest.fixture()
+def coco_files(tmp_path):
+    """Four images (JPEG RGB, PNG grayscale, PNG RGBA, PNG without boxes) and their JSON."""
+    names = [
+        _image(tmp_path / "rgb.jpg", "RGB", (40, 30), (200, 40, 10)),  # (width, height)
+        _image(tmp_path / "gray.png", "L", (20, 50), 77),
+        _image(tmp_path / "rgba.png", "RGBA", (25, 25), (10, 20, 30, 40)),
+        _image(tmp_path / "empty.png", "RGB", (16, 12), (1, 2, 3)),
+    ]
+    sizes = [(40, 30), (20, 50), (25, 25), (16, 12)]
+    images = [
+        {"id": 10 + i, "file_name": n, "width": w, "height": h}
+        for i, (n, (w, h)) in enumerate(zip(names, sizes))
+    ]
+    boxes = [  # (image_id, category_id, bbox, iscrowd)
+        (10, 7, [5, 6, 10, 8], 0),  # kept: (5, 6, 15, 14)
+        (10, 3, [35.5, 20, 10, 20], 0),  # clipped to (35.5, 20, 40, 30)
+        (10, 3, [1, 1, 5, 5], 1),  # crowd: dropped
+        (10, 11, [10, 10, 0, 5], 0),  # zero width: dropped
+        (10, 11, [45, 5, 5, 5], 0),  # right of the image: empty after clipping, dropped
+        (11, 11, [2, 3, 4, 40], 0),  # kept: (2, 3, 6, 43)
+        (12, 3, [-4, 0, 10, 10], 0),  # clipped to (0, 0, 6, 10)
+    ]
+    annotations = [
+        {"id": i, "image_id": im, "category_id": c, "bbox": b, "iscrowd": crowd, "area": 1.0}
+        for i, (im, c, b, crowd) in enumerate(boxes)
+    ]
+    categories = [{"id": 7, "name": "dog"}, {"id": 3, "name": "cat"}, {"id": 11, "name": "bird"}]
+    path = tmp_path / "ann.json"
+    content = {"images": images, "annotations": annotations, "categories": categories}
+    path.write_text(json.dumps(content))
+    return tmp_path, path, content
+
+
+def test_coco_reader_keeps_exactly_the_valid_boxes(coco_files):
+    folder, path, _ = coco_files
+    result = coco.read_coco(folder, path)
+    assert result.class_names == ("cat", "dog", "bird") and result.category_ids == (3, 7, 11)
+    by_name = {image.file_name: image for image in result.images}
+    assert [image.image_id for image in result.images] == [10, 11, 12, 13]
+    np.testing.assert_allclose(by_name["rgb.jpg"].boxes, [[5, 6, 15, 14], [35.5, 20, 40, 30]])
+    np.testing.assert_array_equal(by_name["rgb.jpg"].labels, [1, 0])
+    np.testing.assert_allclose(by_name["gray.png"].boxes, [[2, 3, 6, 43]])
+    np.testing.assert_array_equal(by_name["gray.png"].labels, [2])
+    np.testing.assert_allclose(by_name["rgba.png"].boxes, [[0, 0, 6, 10]])
+    assert by_name["empty.png"].boxes.shape == (0, 4) and by_name["empty.png"].labels.shape == (0,)
+    assert (by_name["gray.png"].height, by_name["gray.png"].width) == (50, 20)
+
+
+def test_coco_source_decodes_any_image_to_rgb(coco_files):
+    folder, path, _ = coco_files
+    source = data.load_source(f"coco:{folder}:{path}", valid_fraction=0.0)
+    assert source.num_classes == 3 and source.num_examples("valid") == 0
+    records = {int(r["image_id"]): r for r in source.records("all").as_numpy_iterator()}
+    assert sorted(records) == [10, 11, 12, 13]
+    assert records[10]["image"].shape == (30, 40, 3)
+    np.testing.assert_allclose(records[10]["image"].mean(axis=(0, 1)), (200, 40, 10), atol=3)
+    assert np.all(records[11]["image"] == 77) and records[11]["image"].shape == (50, 20, 3)
+    assert np.all(records[12]["image"] == (10, 20, 30))  # alpha dropped
+    assert records[13]["boxes"].shape == (0, 4)
+    np.testing.assert_allclose(records[10]["boxes"], [[5, 6, 15, 14], [35.5, 20, 40, 30]])
+    np.testing.assert_array_equal(records[10]["labels"], [1, 0])
+
+
+def test_coco_validation_holdout_is_deterministic(coco_files):
+    folder, path, _ = coco_files
+    first = data.load_source(f"coco:{folder}:{path}", valid_fraction=0.5)
+    ids = {s: [int(r["image_id"]) for r in first.records(s)] for s in ("train", "valid")}
+    assert len(ids["valid"]) == 2 and sorted(ids["train"] + ids["valid"]) == [10, 11, 12, 13]
+    again = data.load_source(f"coco:{folder}:{path}", valid_fraction=0.5)
+    assert [int(r["image_id"]) for r in again.records("valid")] == ids["valid"]
+    with pytest.raises(ValueError, match="valid_fraction=1.5"):
+        data.load_source(f"coco:{folder}:{path}", valid_fraction=1.5)
+
+
+def test_coco_bad_files_are_named(coco_files):
+    folder, path, content = coco_files
+    (folder / "gray.png").write_bytes(b"this is no image")
+    with pytest.raises(ValueError, match="Cannot read image file.*gray.png"):
+        data.load_source(f"coco:{folder}:{path}")
+    (folder / "gray.png").unlink()
+    with pytest.raises(ValueError, match="not found.*gray.png"):
+        data.load_source(f"coco:{folder}:{path}")
+    _image(folder / "gray.png", "L", (21, 50), 0)
+    with pytest.raises(ValueError, match="gray.png.*21x50.*20x50"):
+        data.load_source(f"coco:{folder}:{path}")
+    with pytest.raises(ValueError, match="not found.*nothere.json"):
+        data.load_source(f"coco:{folder}:{folder / 'nothere.json'}")
+
+
+def test_too_many_objects_names_image_and_count(coco_files):
+    folder, path, _ = coco_files
+    source = data.load_source(f"coco:{folder}:{path}", valid_fraction=0.0)
+    with pytest.raises(ValueError, match=r"rgb.jpg.*\(id 10\) has 2 objects.*max_objects=1"):
+        source.batches("train", batch_size=2, max_objects=1)
+    source.batches("train", batch_size=2, max_objects=2)  # fits
+    with pytest.raises(ValueError, match="embedded` train image .* has [4-6] objects"):
+        data.load_source("embedded", num_train=30).batches("train", batch_size=2, max_objects=3)
+    # Sources without known counts (tfds) stop in the pipeline, naming the id and the count.
+    batches = make_batches(source.records("all"), batch_size=4, max_objects=1, image_size=32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Image id.*10.*has.*2.*objects"):
+        list(batches)
+
+
+def test_horizontal_flip_maps_boxes():
+    image = np.arange(4 * 6 * 3, dtype=np.float32).reshape(4, 6, 3)
+    boxes = np.array([[1, 0, 3, 2], [0, 1, 6, 4]], np.float32)
+    flipped, flipped_boxes = augment.horizontal_flip(image, boxes)
+    np.testing.assert_array_equal(flipped, image[:, ::-1])
+    np.testing.assert_allclose(flipped_boxes, [[3, 0, 5, 2], [0, 1, 6, 4]])  # x -> 6 - x
+
+
+def test_crop_clips_and_drops_boxes():
+    image = np.random.default_rng(0).random((20, 20, 3)).astype(np.float32)
+    boxes = np.array(
+        [[4, 3, 8, 6], [0, 0, 5, 4], [15, 15, 19, 19], [1, 5, 3, 9], [5, 9, 9, 16]], np.float32
+    )
+    labels = np.array([0, 1, 2, 3, 4], np.int32)
+    cropped, kept_boxes, kept = augment.crop(image, boxes, labels, 2, 3, 10, 8)
+    np.testing.assert_array_equal(cropped, image[2:12, 3:11])
+    # Shifted by (3, 2), clipped to 8 x 10; box 2 (outside) and box 3 (left of the crop:
+    # zero width after clipping) dropped.
+    np.testing.assert_allclose(kept_boxes, [[1, 1, 5, 4], [0, 0, 2, 2], [2, 7, 6, 10]])
+    np.testing.assert_array_equal(kept, [0, 1, 4])
+
+
+def _detr_size(h, w, size, max_size=None):  # facebookresearch/detr get_size_with_aspect_ratio
+    if max_size is not None:
+        small, large = float(min(h, w)), float(max(h, w))
+        if large / small * size > max_size:
+            size = int(round(max_size * small / large))
+    if (w <= h and w == size) or (h <= w and h == size):
+        return h, w
+    return (int(size * h / w), size) if w < h else (size, int(size * w / h))
+
+
+def test_resized_shape_matches_detr():
+    for h, w in [(480, 640), (640, 480), (333, 1000), (30, 40), (50, 20), (100, 100)]:
+        for size, max_size in [(800, 1333), (128, 213), (77, None), (600, None)]:
+            got = augment.resized_shape(h, w, size, max_size)
+            assert tuple(int(v) for v in got) == _detr_size(h, w, size, max_size), (h, w, size)
+    assert augment.DetrSizes.scaled(800) == augment.DetrSizes()
+    sizes = augment.DetrSizes.scaled(128)
+    assert sizes.scales[0] == 77 and sizes.scales[-1] == 128 and sizes.max_size == 213
+
+
+def _records(images, boxes, labels):
+    def gen():
+        for i, (im, b, lab) in enumerate(zip(images, boxes, labels)):
+            yield {"image": im, "boxes": np.float32(b).reshape(-1, 4),
+                   "labels": np.int32(lab), "image_id": np.int64(i)}
+
+    return tf.data.Dataset.from_generator(gen, output_signature={
+        "image": tf.TensorSpec([None, None, 3], tf.uint8),
+        "boxes": tf.TensorSpec([None, 4], tf.float32),
+        "labels": tf.TensorSpec([None], tf.int32),
+        "image_id": tf.TensorSpec([], tf.int64),
+    })
+
+
+def test_padded_batch_masks_real_pixels_and_normalizes_boxes():
+    sizes = [(30, 40), (50, 20), (25, 25)]  # (height, width)
+    images = [np.full((h, w, 3), 10 * (i + 1), np.uint8) for i, (h, w) in enumerate(sizes)]
+    boxes = [[[4, 3, 20, 15]], [[0, 0, 20, 50], [2, 10, 4, 30]], []]
+    labels = [[2], [0, 1], []]
+    batches = make_batches(_records(images, boxes, labels), batch_size=3, max_objects=4,
+                           image_size=25, include_info=True)
+    inputs, targets, info = next(iter(batches))
+    expected_sizes = [_detr_size(h, w, 25, round(1333 * 25 / 800)) for h, w in sizes]
+    np.testing.assert_array_equal(info["size"], expected_sizes)
+    np.testing.assert_array_equal(info["orig_size"], sizes)
+    np.testing.assert_array_equal(info["image_id"], [0, 1, 2])
+    height, width = max(h for h, _ in expected_sizes), max(w for _, w in expected_sizes)
+    assert inputs["images"].shape == (3, height, width, 3) and inputs["mask"].dtype == tf.bool
+    for i, (h, w) in enumerate(expected_sizes):
+        real = np.zeros((height, width), bool)
+        real[:h, :w] = True
+        np.testing.assert_array_equal(inputs["mask"][i], real)
+        pixels = inputs["images"][i].numpy()
+        np.testing.assert_allclose(pixels[:h, :w], np.broadcast_to(
+            (10 * (i + 1) / 255 - MEAN) / STD, (h, w, 3)), atol=1e-5)
+        assert np.all(pixels[~real] == 0)
+    # Normalized (cx, cy, w, h) of the unpadded image do not change under the resize.
+    np.testing.assert_allclose(targets["boxes"][0, 0], [12 / 40, 9 / 30, 16 / 40, 12 / 30],
+                               atol=1e-6)
+    np.testing.assert_allclose(targets["boxes"][1, :2], [[0.5, 0.5, 1, 1], [0.15, 0.4, 0.1, 0.4]],
+                               atol=1e-6)
+    np.testing.assert_array_equal(targets["valid"], [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(targets["labels"], [[2, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]])
+    fixed = make_batches(_records(images, boxes, labels), batch_size=2, max_objects=4,
+                         image_size=25, pad_to=(48, 48), drop_remainder=True)
+    assert [x["mask"].shape for x, _ in fixed] == [(2, 48, 48)]
+
+
+def test_training_batches_are_augmented_reproducibly():
+    source = data.load_source("embedded", num_train=8, num_valid=4, embedded_size=64)
+    batches = source.batches("train", batch_size=4, max_objects=6, image_size=64, seed=3)
+    spec = batches.element_spec
+    assert spec[0]["images"].shape.as_list() == [None, None, None, 3]
+    assert spec[1]["labels"].dtype == tf.int32 and spec[1]["valid"].dtype == tf.bool
+    first = [(x["images"].numpy(), y["boxes"].numpy()) for x, y in batches]
+    again = [(x["images"].numpy(), y["boxes"].numpy()) for x, y in
+             source.batches("train", batch_size=4, max_objects=6, image_size=64, seed=3)]
+    assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+               for a, b in zip(first, again))
+    shapes = {images.shape[1:3] for images, _ in first}
+    assert all(38 <= min(s) and max(s) <= 107 for s in shapes)  # scales 38..64, cap 107
+    for x, y in batches:
+        boxes = y["boxes"].numpy()[y["valid"].numpy()]
+        assert np.all((boxes >= 0) & (boxes <= 1)) and np.all(boxes[:, 2:] > 0)
+
+
+def _expected_tfds(example, crowd_key):
+    h, w = example["image"].shape[:2]
+    # Mock data draws each object field's length independently: the common prefix counts.
+    keys = ["bbox", "label"] + ([crowd_key] if crowd_key else [])
+    n = min(len(example["objects"][key]) for key in keys)
+    objects = {key: example["objects"][key][:n] for key in keys}
+    ymin, xmin, ymax, xmax = objects["bbox"].T
+    boxes = np.stack([xmin * w, ymin * h, xmax * w, ymax * h], -1)
+    boxes = np.clip(boxes, 0, [w, h, w, h])
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    if crowd_key:
+        keep &= ~objects[crowd_key]
+    return boxes[keep], objects["label"][keep]
+
+
+@pytest.mark.parametrize("name, num_classes, crowd", [("coco/2017", 80, "is_crowd"),
+                                                      ("voc/2007", 20, None)])
+def test_tfds_sources_under_mock_data(name, num_classes, crowd):
+    with tfds.testing.mock_data(num_examples=4):
+        source = data.load_source(f"tfds:{name}")
+        records = list(source.records("valid").as_numpy_iterator())
+        raw = list(tfds.load(name, split="validation").as_numpy_iterator())
+        x, y = next(iter(source.batches("train", batch_size=2, max_objects=50, image_size=32)))
+    assert source.num_classes == num_classes and len(source.class_names) == num_classes
+    assert len(records) == len(raw) == 4
+    dropped = 0
+    for record, example in zip(records, raw):
+        boxes, labels = _expected_tfds(example, crowd)
+        dropped += min(len(example["objects"][k]) for k in ("bbox", "label")) - len(labels)
+        np.testing.assert_array_equal(record["image"], example["image"])
+        np.testing.assert_allclose(record["boxes"], boxes, rtol=1e-6)
+        np.testing.assert_array_equal(record["labels"], labels)
+        if crowd:
+            assert record["image_id"] == example["image/id"]
+    assert dropped > 0  # mock boxes are random: some are crowd or inverted
+    assert x["images"].shape[0] == 2 and y["boxes"].shape[1:] == (50, 4)

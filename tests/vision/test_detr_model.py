@@ -1,0 +1,298 @@
+"""Tests for the DETR model, its backbones, config, optimizer and post-processing."""
+
+import dataclasses
+
+import keras
+import numpy as np
+import pytest
+
+from vision.backbone import ResNet50Backbone, TinyBackbone, build_backbone
+from vision.config import DetrConfig, preset
+from vision.losses import SetCriterion
+from vision.model import DETR, build_criterion, build_model, resize_mask
+from vision.optimizer import DetrAdamW, build_optimizer
+from vision.postprocess import postprocess
+
+NUM_CLASSES = 3
+# A small variant of the tiny preset (same structure, stride 16) for the slower tests.
+SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32))
+
+
+def _images(rng, batch, height, width):
+    return rng.normal(size=(batch, height, width, 3)).astype("float32")
+
+
+def _targets():
+    """Two images: three objects in the first, none in the second."""
+    boxes = np.zeros((2, 3, 4), "float32")
+    boxes[0] = [[0.3, 0.3, 0.2, 0.2], [0.7, 0.6, 0.3, 0.4], [0.5, 0.5, 0.9, 0.9]]
+    labels = np.array([[0, 2, 1], [0, 0, 0]], "int32")
+    valid = np.array([[True, True, True], [False, False, False]])
+    return {"labels": labels, "boxes": boxes, "valid": valid}
+
+
+def _numpy_outputs(outputs):
+    return keras.tree.map_structure(keras.ops.convert_to_numpy, outputs)
+
+
+def test_config_presets_and_overrides():
+    r50 = preset("r50")
+    assert (r50.backbone, r50.hidden_dim, r50.num_heads) == ("resnet50", 256, 8)
+    assert r50.num_queries == 100
+    assert (r50.num_encoder_layers, r50.num_decoder_layers, r50.ffn_dim) == (6, 6, 2048)
+    assert (r50.learning_rate, r50.backbone_learning_rate, r50.weight_decay) == (1e-4, 1e-5, 1e-4)
+    assert (r50.clip_norm, r50.eos_coef, r50.dropout, r50.norm_first) == (0.1, 0.1, 0.1, False)
+    assert (r50.cost_class, r50.cost_bbox, r50.cost_giou) == (1.0, 5.0, 2.0)
+    tiny = preset("tiny", num_queries=7)
+    assert (tiny.backbone, tiny.num_queries, tiny.hidden_dim) == ("tiny", 7, 128)
+    assert preset("tiny").num_queries == 20  # the preset itself is unchanged
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        tiny.hidden_dim = 64
+    with pytest.raises(ValueError, match="num_querys"):
+        preset("tiny", num_querys=3)
+    with pytest.raises(ValueError, match="'huge'"):
+        preset("huge")
+    assert "num_classes" not in {f.name for f in dataclasses.fields(DetrConfig)}
+
+
+def test_tiny_preset_output_shapes_and_aux_count():
+    config = preset("tiny")
+    model = build_model(config, NUM_CLASSES)
+    rng = np.random.default_rng(0)
+    outputs = _numpy_outputs(
+        model({"images": _images(rng, 2, 64, 96), "mask": np.ones((2, 64, 96), bool)})
+    )
+    assert outputs["pred_logits"].shape == (2, 20, NUM_CLASSES + 1)
+    assert outputs["pred_boxes"].shape == (2, 20, 4)
+    assert len(outputs["aux_outputs"]) == config.num_decoder_layers - 1 == 2
+    for aux in outputs["aux_outputs"]:
+        assert aux["pred_logits"].shape == (2, 20, NUM_CLASSES + 1)
+        assert aux["pred_boxes"].shape == (2, 20, 4)
+        assert not np.allclose(aux["pred_boxes"], outputs["pred_boxes"])
+    assert np.all((outputs["pred_boxes"] > 0) & (outputs["pred_boxes"] < 1))
+    assert np.all(np.isfinite(outputs["pred_logits"]))
+    assert model.backbone.stride == 16
+    assert len(model.backbone_variables) == 3 * len(config.tiny_filters)  # kernel, gamma, beta
+
+
+def test_resize_mask_is_pytorch_nearest():
+    valid = np.zeros((1, 5, 7), bool)
+    valid[0, :3, :4] = True
+    # PyTorch's nearest: output (i, j) reads input (floor(i * 5 / 3), floor(j * 7 / 2)).
+    expected = valid[:, [0, 1, 3]][:, :, [0, 3]]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(resize_mask(valid, 3, 2)), expected)
+
+
+def test_tiny_backbone_stride_and_zero_padding():
+    backbone = TinyBackbone(filters=(4, 8))
+    rng = np.random.default_rng(1)
+    valid = np.zeros((1, 16, 12), bool)
+    valid[0, :8, :4] = True
+    features = keras.ops.convert_to_numpy(backbone(_images(rng, 1, 16, 12), valid=valid))
+    assert features.shape == (1, 4, 3, 8)
+    assert np.all(features[0, 2:] == 0) and np.all(features[0, :, 1:] == 0)
+    assert np.any(features[0, :2, :1] != 0)
+    restored = TinyBackbone.from_config(backbone.get_config())
+    assert restored.filters == (4, 8) and restored.stride == 4
+
+
+def test_padded_batch_equals_each_image_alone():
+    model = build_model(preset("tiny", **SMALL), NUM_CLASSES)
+    rng = np.random.default_rng(2)
+    for v in model.backbone.weights:  # LayerNorm betas start at 0, which would hide leaks
+        if v.path.endswith("beta"):
+            v.assign(rng.normal(size=v.shape).astype("float32"))
+    # The batch size 64x80 is a multiple of the stride 16; the second image is not, so
+    # convolutions at its border would read padding if the backbone did not mask it.
+    sizes = [(64, 48), (40, 72)]
+    singles = [_images(rng, 1, h, w) for h, w in sizes]
+    batch = _images(rng, 2, 64, 80)  # the padding holds noise: it must not matter
+    mask = np.zeros((2, 64, 80), bool)
+    for i, (h, w) in enumerate(sizes):
+        batch[i, :h, :w] = singles[i][0]
+        mask[i, :h, :w] = True
+    together = _numpy_outputs(model({"images": batch, "mask": mask}))
+    for i, (h, w) in enumerate(sizes):
+        alone = _numpy_outputs(
+            model({"images": singles[i], "mask": np.ones((1, h, w), bool)})
+        )
+        for key in ("pred_logits", "pred_boxes"):
+            np.testing.assert_allclose(together[key][i], alone[key][0], atol=1e-4)
+        np.testing.assert_allclose(
+            together["aux_outputs"][0]["pred_boxes"][i],
+            alone["aux_outputs"][0]["pred_boxes"][0],
+            atol=1e-4,
+        )
+    # The two images' outputs differ (the comparison above is not trivial).
+    assert not np.allclose(together["pred_boxes"][0], together["pred_boxes"][1], atol=1e-3)
+
+
+def test_backbone_variables_get_a_ten_times_smaller_learning_rate():
+    config = preset("tiny", **SMALL, weight_decay=0.0)
+    model = build_model(config, NUM_CLASSES)
+    optimizer = build_optimizer(config, model)
+    variables = model.trainable_variables
+    for v in variables:
+        v.assign(keras.ops.zeros_like(v))  # no float32 rounding of (w - step)
+    # A constant gradient: the first Adam step moves every weight by exactly lr.
+    optimizer.apply([keras.ops.ones_like(v) for v in variables], variables)
+    backbone = {id(v) for v in model.backbone_variables}
+    assert backbone and len(backbone) < len(variables)
+    for v in variables:
+        step = -keras.ops.convert_to_numpy(v)
+        lr = config.backbone_learning_rate if id(v) in backbone else config.learning_rate
+        np.testing.assert_allclose(step, lr, rtol=1e-3, err_msg=v.path)
+    assert config.learning_rate / config.backbone_learning_rate == pytest.approx(10)
+
+
+def test_weight_decay_uses_each_variable_learning_rate():
+    backbone_var = keras.Variable(np.full((2,), 2.0, "float32"), name="backbone_w")
+    other_var = keras.Variable(np.full((3,), 2.0, "float32"), name="other_w")
+    optimizer = DetrAdamW(learning_rate=0.5, weight_decay=0.1, backbone_lr_multiplier=0.1)
+    optimizer.set_backbone_variables([backbone_var])
+    zeros = [np.zeros((2,), "float32"), np.zeros((3,), "float32")]
+    optimizer.apply(zeros, [backbone_var, other_var])  # zero gradient: decay only
+    np.testing.assert_allclose(backbone_var.numpy(), 2.0 * (1 - 0.05 * 0.1), rtol=1e-6)
+    np.testing.assert_allclose(other_var.numpy(), 2.0 * (1 - 0.5 * 0.1), rtol=1e-6)
+
+
+def test_gradients_are_clipped_by_the_global_norm_of_all_gradients():
+    a = keras.Variable(np.zeros((2,), "float32"), name="a")  # backbone
+    b = keras.Variable(np.zeros((3,), "float32"), name="b")
+    optimizer = DetrAdamW(learning_rate=1e-3, weight_decay=0.0, global_clipnorm=0.1)
+    optimizer.set_backbone_variables([a])
+    grads = [np.full((2,), 3.0, "float32"), np.full((3,), 4.0, "float32")]
+    optimizer.apply(grads, [a, b])
+    total_norm = np.sqrt(2 * 9.0 + 3 * 16.0)
+    momentum = {v.name: v.numpy() for v in optimizer.variables if v.name.endswith("_momentum")}
+    # First moment after one step = (1 - beta_1) * clipped gradient.
+    np.testing.assert_allclose(momentum["a_momentum"], 0.1 * 3.0 * 0.1 / total_norm, rtol=1e-5)
+    np.testing.assert_allclose(momentum["b_momentum"], 0.1 * 4.0 * 0.1 / total_norm, rtol=1e-5)
+
+
+def _compiled_small_model():
+    config = preset("tiny", **SMALL)
+    model = build_model(config, NUM_CLASSES)
+    model.compile(
+        optimizer=build_optimizer(config, model), criterion=build_criterion(config, NUM_CLASSES)
+    )
+    return model
+
+
+def _fit_inputs():
+    rng = np.random.default_rng(3)
+    mask = np.ones((2, 32, 32), bool)
+    mask[1, :, 16:] = False
+    return {"images": _images(rng, 2, 32, 32), "mask": mask}
+
+
+def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path):
+    model = _compiled_small_model()
+    assert model.jit_compile is False  # the scipy matcher is a host callback
+    x, y = _fit_inputs(), _targets()
+    before = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    history = model.fit(x, y, batch_size=2, epochs=1, verbose=0).history
+    for key in ("loss", "loss_ce", "loss_bbox", "loss_giou"):
+        assert np.isfinite(history[key][0]) and history[key][0] > 0, key
+    after = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    assert all(np.all(np.isfinite(v)) for v in after)
+    changed = {v.path for v, b, a in zip(model.trainable_variables, before, after)
+               if not np.array_equal(b, a)}
+    assert {v.path for v in model.backbone_variables} <= changed
+    assert "detr/query_embed" in changed
+    # As in DETR, the first decoder layer's self-attention sees zeros (the decoder input) and
+    # its value bias starts at zero, so its weights get no gradient on the first step.
+    unchanged = {v.path for v in model.trainable_variables} - changed
+    assert unchanged and all("decoder/layer_0/self_attention" in p for p in unchanged)
+
+    # `.keras` round trip: same outputs, same optimizer (state and backbone rate), criterion.
+    path = str(tmp_path / "detr.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, DETR) and isinstance(loaded.criterion, SetCriterion)
+    ours, theirs = _numpy_outputs(model(x)), _numpy_outputs(loaded(x))
+    keras.tree.map_structure(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), ours, theirs)
+    assert isinstance(loaded.optimizer, DetrAdamW) and loaded.optimizer.has_backbone_variables
+    assert loaded.optimizer.backbone_lr_multiplier == pytest.approx(0.1)
+    assert int(loaded.optimizer.iterations.numpy()) == 1
+    assert loaded.jit_compile is False
+
+
+def test_compile_defaults_and_replica_scaling():
+    model = build_model(preset("tiny", **SMALL), NUM_CLASSES)
+    with pytest.raises(ValueError, match="criterion"):
+        model.compile(loss="mse")
+    with pytest.raises(ValueError, match="'images'"):
+        model({"image": np.zeros((1, 32, 32, 3), "float32")})
+    model.compile()
+    assert isinstance(model.optimizer, DetrAdamW) and model.optimizer.has_backbone_variables
+    assert model.criterion.num_classes == NUM_CLASSES and model.criterion.eos_coef == 0.1
+    x, y = _fit_inputs(), _targets()
+    y_pred = model(x)
+    single = float(model.compute_loss(x, y, y_pred))
+    assert single == pytest.approx(float(model.criterion(y_pred, y)["loss"]))
+    # Two replicas, the other holding as many targets: same num_boxes, loss halved per replica.
+    model.configure_replicas(2, lambda n: 2.0 * n)
+    assert float(model.compute_loss(x, y, y_pred)) == pytest.approx(single / 2, rel=1e-6)
+    # The other replica holding no targets: num_boxes = 3 / 2, box losses grow by 2.
+    model.configure_replicas(2, lambda n: n)
+    losses = model.criterion(y_pred, y, num_boxes=1.5)
+    assert float(model.compute_loss(x, y, y_pred)) == pytest.approx(
+        float(losses["loss"]) / 2, rel=1e-6
+    )
+
+
+def test_mixed_precision_forward_is_finite_float32():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    model = build_model(preset("tiny", **SMALL), NUM_CLASSES)
+    assert model.encoder.compute_dtype == "bfloat16"
+    outputs = model({"images": _images(np.random.default_rng(5), 2, 32, 48)})  # no mask: all valid
+    assert keras.backend.standardize_dtype(outputs["pred_boxes"].dtype) == "float32"
+    assert np.all(np.isfinite(keras.ops.convert_to_numpy(outputs["pred_logits"])))
+
+
+def test_postprocess_matches_a_hand_computation():
+    logits = np.log(np.array([[[0.2, 0.7, 0.1], [0.5, 0.1, 0.4]]], "float32"))  # C = 2
+    boxes = np.array([[[0.5, 0.5, 0.2, 0.4], [0.25, 0.75, 0.5, 0.5]]], "float32")
+    sizes = np.array([[100, 200]])  # height 100, width 200
+    result = _numpy_outputs(
+        postprocess({"pred_logits": logits, "pred_boxes": boxes}, sizes, threshold=0.6)
+    )
+    np.testing.assert_allclose(result["scores"], [[0.7, 0.5]], rtol=1e-6)
+    np.testing.assert_array_equal(result["labels"], [[1, 0]])
+    np.testing.assert_allclose(
+        result["boxes"], [[[80.0, 30.0, 120.0, 70.0], [0.0, 50.0, 100.0, 100.0]]], rtol=1e-6
+    )
+    np.testing.assert_array_equal(result["keep"], [[True, False]])
+    assert result["labels"].dtype == np.int32
+    unthresholded = postprocess({"pred_logits": logits, "pred_boxes": boxes}, sizes)
+    assert np.all(keras.ops.convert_to_numpy(unthresholded["keep"]))
+    with pytest.raises(ValueError, match="image_sizes"):
+        postprocess({"pred_logits": logits, "pred_boxes": boxes}, np.array([100, 200]))
+
+
+def test_resnet50_backbone_stride_32_frozen_batchnorm_and_local_weights(tmp_path):
+    backbone = build_backbone("resnet50")
+    assert isinstance(backbone, ResNet50Backbone)
+    images = _images(np.random.default_rng(4), 1, 64, 96)
+    features = keras.ops.convert_to_numpy(backbone(images))
+    assert features.shape == (1, 2, 3, 2048)
+    layers = backbone.body.layers
+    batch_norms = [layer for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(batch_norms) == 53 and not any(layer.trainable for layer in batch_norms)
+    stem = [layer for layer in layers if layer.name.startswith(("conv1_", "conv2_"))]
+    assert stem and not any(layer.trainable_weights for layer in stem)
+    trainable_names = {v.path.split("/")[-2] for v in backbone.trainable_variables}
+    assert "conv3_block1_1_conv" in trainable_names and "conv1_conv" not in trainable_names
+    assert not any("bn" in name for name in trainable_names)
+    # BatchNorm runs in inference mode even when training.
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(backbone(images, training=True)), features, atol=1e-5
+    )
+    # Weights from a local file (as Keras's ImageNet `..._notop.h5` would be loaded).
+    path = str(tmp_path / "r50.weights.h5")
+    backbone.body.save_weights(path)
+    reloaded = build_backbone("resnet50", weights=path)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(images)), features, atol=1e-5)
+    with pytest.raises(ValueError, match="weights"):
+        build_backbone("resnet50", weights=str(tmp_path / "missing.h5"))

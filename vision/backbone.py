@@ -1,0 +1,194 @@
+"""CNN backbones of the detector: ResNet-50 (DETR's) and a small CNN for CPU work.
+
+Both take images normalized with the ImageNet mean and standard deviation (RGB, DETR's
+convention) and return one feature map ``(B, ceil(H / stride), ceil(W / stride), C)``. Their
+``trainable_variables`` are the "backbone" variables that DETR trains with a 10x smaller
+learning rate.
+"""
+
+from __future__ import annotations
+
+import os
+
+import keras
+from keras import ops
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ResNet50Backbone", "TinyBackbone", "build_backbone"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)  # RGB, of pixel values in [0, 1]
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+# Keras ResNet-50 layer name prefixes of the stem (conv1_*, pool1_*) and first stage
+# (conv2_*, DETR's "layer1"), which DETR never trains.
+_FROZEN_PREFIXES = ("conv1_", "pool1_", "conv2_")
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class ResNet50Backbone(keras.layers.Layer):
+    """``keras.applications.ResNet50`` without its head, as DETR uses it.
+
+    Every BatchNormalization layer is frozen (not trainable, always in inference mode, like
+    DETR's ``FrozenBatchNorm2d``) and the stem and first stage are not trained. Output stride
+    32, 2048 channels. Inputs are converted in the graph from ImageNet mean/std normalized RGB
+    to the "caffe" convention Keras's ImageNet weights expect (BGR, 0-255, mean subtracted),
+    so those weights work unchanged. The padding mask is not used: as in DETR, padded pixels
+    (zeros after normalization) reach the features at the border of each image.
+
+    Args:
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        images: ``(B, H, W, 3)`` float, mean/std normalized RGB.
+        valid: ignored; accepted so that every backbone has the same call signature.
+
+    Returns:
+        ``(B, ceil(H / 32), ceil(W / 32), 2048)``.
+    """
+
+    stride = 32
+    output_channels = 2048
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.body = keras.applications.ResNet50(
+            include_top=False, weights=None, input_shape=(None, None, 3), name="resnet50"
+        )
+        self._freeze()
+
+    def _freeze(self) -> None:
+        for layer in self.body.layers:
+            if isinstance(layer, keras.layers.BatchNormalization):
+                layer.trainable = False
+            if layer.name.startswith(_FROZEN_PREFIXES):
+                layer.trainable = False
+
+    def load_pretrained(self, path: str) -> None:
+        """Loads weights from a local file (e.g. Keras's ``..._notop.h5`` ImageNet weights)."""
+        if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
+            raise ValueError(f"`weights` must be a path to a local file. Received: {path!r}")
+        self.body.load_weights(path)
+        self._freeze()
+
+    def build(self, images_shape, valid_shape=None):
+        self.built = True  # the functional body is built at construction
+
+    def call(self, images, valid=None, training=None):
+        del valid, training  # frozen BatchNorm: always inference mode
+        scale = ops.convert_to_tensor([255.0 * s for s in IMAGENET_STD], images.dtype)
+        caffe = ops.flip(images * scale, axis=-1)  # RGB (x - mean) / std -> BGR 255 (x - mean)
+        return self.body(caffe, training=False)
+
+    def compute_output_shape(self, images_shape, valid_shape=None):
+        return _strided_shape(images_shape, self.stride, self.output_channels)
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class TinyBackbone(keras.layers.Layer):
+    """A small CNN: ``len(filters)`` blocks of 3x3 stride-2 conv, LayerNorm, relu.
+
+    Output stride ``2 ** len(filters)`` (16 by default). Padding never leaks: the input and
+    every block's output are multiplied by the validity mask at that resolution (so
+    convolutions see zeros in padded areas, exactly like the implicit zero padding at the
+    border of an unpadded image), each conv pads one pixel on every side explicitly (the
+    output grid does not depend on the padded size), and the normalization is a per-pixel
+    LayerNorm over channels (GroupNorm would mix padded pixels into its statistics,
+    BatchNorm in training mode would mix images of the batch).
+
+    Args:
+        filters: channels of each block.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        images: ``(B, H, W, 3)`` float.
+        valid: ``(B, H, W)`` bool, ``True`` = valid pixel, or ``None`` (all valid).
+        training: unused (nothing here depends on it).
+
+    Returns:
+        ``(B, ceil(H / s), ceil(W / s), filters[-1])`` with ``s = 2 ** len(filters)``; zero
+        at padded positions.
+    """
+
+    def __init__(self, filters: tuple[int, ...] | list[int] = (32, 64, 128, 256), **kwargs):
+        super().__init__(**kwargs)
+        filters = tuple(filters)
+        if not filters or not all(isinstance(f, int) and f > 0 for f in filters):
+            raise ValueError(
+                f"`filters` must be a non-empty sequence of positive integers. "
+                f"Received: filters={filters!r}"
+            )
+        self.filters = filters
+        self.stride = 2 ** len(filters)
+        self.output_channels = filters[-1]
+
+    def build(self, images_shape, valid_shape=None):
+        self.convs, self.norms = [], []
+        channels = images_shape[-1]
+        for i, f in enumerate(self.filters):
+            conv = keras.layers.Conv2D(
+                f, 3, strides=2, padding="valid", use_bias=False, kernel_initializer="he_normal",
+                dtype=self.dtype_policy, name=f"conv_{i}",
+            )
+            conv.build((None, None, None, channels))
+            norm = keras.layers.LayerNormalization(
+                epsilon=1e-5, dtype=self.dtype_policy, name=f"norm_{i}"
+            )
+            norm.build((None, None, None, f))
+            self.convs.append(conv)
+            self.norms.append(norm)
+            channels = f
+
+    def call(self, images, valid=None, training=None):
+        x = images
+        if valid is not None:
+            valid = ops.cast(valid, x.dtype)[..., None]  # (B, H, W, 1)
+            x = x * valid
+        for conv, norm in zip(self.convs, self.norms):
+            x = ops.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])
+            x = ops.relu(norm(conv(x)))  # (B, ceil(H/2), ceil(W/2), f)
+            if valid is not None:
+                valid = valid[:, ::2, ::2]  # the pixel at the centre of each conv window
+                x = x * valid
+        return x
+
+    def compute_output_shape(self, images_shape, valid_shape=None):
+        return _strided_shape(images_shape, self.stride, self.output_channels)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(filters=list(self.filters))
+        return config
+
+
+def _strided_shape(images_shape, stride: int, channels: int) -> tuple:
+    def down(n):
+        return None if n is None else -(-n // stride)
+
+    return (images_shape[0], down(images_shape[1]), down(images_shape[2]), channels)
+
+
+def build_backbone(
+    name: str, weights: str | None = None, **kwargs
+) -> ResNet50Backbone | TinyBackbone:
+    """Builds a backbone by name.
+
+    Args:
+        name: ``"resnet50"`` or ``"tiny"``.
+        weights: for ``"resnet50"``: a local weights file (e.g. Keras's ResNet-50
+            ``..._notop.h5``) or ``None`` for random weights. Must be ``None`` for ``"tiny"``.
+        **kwargs: layer arguments (``filters`` for ``"tiny"``).
+
+    Returns:
+        The backbone layer; it has ``stride`` and ``output_channels`` attributes.
+    """
+    if name == "resnet50":
+        backbone = ResNet50Backbone(name="backbone", **kwargs)
+        if weights is not None:
+            backbone.load_pretrained(weights)
+        return backbone
+    if name == "tiny":
+        if weights is not None:
+            raise ValueError(
+                f"The 'tiny' backbone has no pretrained weights. Received: weights={weights!r}"
+            )
+        return TinyBackbone(name="backbone", **kwargs)
+    raise ValueError(f"`name` must be 'resnet50' or 'tiny'. Received: name={name!r}")

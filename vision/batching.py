@@ -1,0 +1,142 @@
+"""Turns detection records into padded Keras batches: augment or resize, normalize, pad, batch.
+
+Input records: `{"image": (H, W, 3) uint8, "boxes": (N, 4) float32 absolute pixel
+(x0, y0, x1, y1), "labels": (N,) int, "image_id": () int64}` (what `vision.data` sources give).
+
+Output elements, for Keras `fit` (B images, M = `max_objects`, H/W = the largest image of the
+batch, or `pad_to`):
+
+    ({"images": (B, H, W, 3) float32 ImageNet-normalized,
+      "mask": (B, H, W) bool, True = real pixel, False = padding},
+     {"labels": (B, M) int32, 0 where not valid,
+      "boxes": (B, M, 4) float32 (cx, cy, w, h) relative to the unpadded resized image,
+      "valid": (B, M) bool, True for the image's real objects (first N slots)})
+
+With `include_info=True` a third dict follows, for evaluation: `{"image_id": (B,) int64,
+"orig_size": (B, 2) int32 (height, width) of the original image, "size": (B, 2) int32 (height,
+width) of the resized image before padding}`. (Keras `fit` would read a third element as sample
+weights: use it for evaluation loops only.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import tensorflow as tf
+
+from vision.augment import DetrSizes, detr_train_transform, normalize_image, resize
+
+__all__ = ["make_batches"]
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return value
+
+
+def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_objects: int):
+    image, boxes = record["image"], tf.cast(record["boxes"], tf.float32)
+    labels, image_id = tf.cast(record["labels"], tf.int32), tf.cast(record["image_id"], tf.int64)
+    count = tf.shape(labels)[0]
+    # Backstop for sources whose counts are not known up front (`tfds:`): a clear error, never
+    # a silent truncation.
+    check = tf.debugging.Assert(
+        count <= max_objects,
+        ["Image id", image_id, "has", count, f"objects, more than max_objects={max_objects}."],
+    )
+    with tf.control_dependencies([check]):
+        labels = tf.identity(labels)
+    orig_size = tf.shape(image)[:2]
+    if training:
+        image, boxes, labels = detr_train_transform(image, boxes, labels, seed, sizes)
+    else:
+        image, boxes = resize(image, boxes, sizes.eval_size, sizes.max_size)
+    size = tf.shape(image)[:2]
+    height, width = tf.cast(size[0], tf.float32), tf.cast(size[1], tf.float32)
+
+    x0, y0, x1, y1 = tf.unstack(tf.reshape(boxes, [-1, 4]), num=4, axis=-1)
+    # (N, 4) normalized (cx, cy, w, h); the same formula as `box_ops.box_xyxy_to_cxcywh`, written
+    # in TensorFlow so the pipeline does not depend on the Keras backend.
+    boxes = tf.stack(
+        [(x0 + x1) / 2 / width, (y0 + y1) / 2 / height, (x1 - x0) / width, (y1 - y0) / height], -1
+    )
+    pad = max_objects - tf.shape(labels)[0]
+    inputs = {"images": normalize_image(image), "mask": tf.ones(size, tf.bool)}
+    targets = {
+        "labels": tf.ensure_shape(tf.pad(labels, [[0, pad]]), [max_objects]),
+        "boxes": tf.ensure_shape(tf.pad(boxes, [[0, pad], [0, 0]]), [max_objects, 4]),
+        "valid": tf.range(max_objects) < tf.shape(labels)[0],
+    }
+    info = {"image_id": image_id, "orig_size": orig_size, "size": size}
+    return inputs, targets, info
+
+
+def make_batches(
+    records: tf.data.Dataset,
+    *,
+    batch_size: int,
+    max_objects: int,
+    training: bool = False,
+    seed: int = 0,
+    image_size: int = 800,
+    max_size: int | None = None,
+    pad_to: tuple[int, int] | None = None,
+    drop_remainder: bool = False,
+    include_info: bool = False,
+) -> tf.data.Dataset:
+    """Batches detection records into `(inputs, targets)` elements for Keras.
+
+    Training applies DETR's augmentation (`vision.augment.detr_train_transform`: flip, multi-scale
+    resize, random crop) with sizes `DetrSizes.scaled(image_size, max_size)`; evaluation resizes
+    the shorter side to `image_size` (longer side at most `max_size`). Records are not shuffled
+    here: shuffle the (cheap, undecoded) source instead, as `DetectionSource.batches` does.
+
+    Args:
+        records: Dataset of records (module docstring).
+        batch_size: Images per batch.
+        max_objects: Target slots per image. An image with more objects stops the iteration
+            with `tf.errors.InvalidArgumentError` naming its id and count (call
+            `DetectionSource.check_max_objects` first for a `ValueError` up front).
+        training: Augment (randomly, reproducibly from `seed`, differently each epoch).
+        seed: Augmentation seed.
+        image_size: Evaluation shorter side; training scales are 0.6..1.0 of it (DETR: 800).
+        max_size: Longer-side cap; default `image_size * 1333 / 800`.
+        pad_to: Pad every batch to this fixed `(height, width)` instead of its largest image
+            (static shapes for XLA / TPU); it must hold every resized image.
+        drop_remainder: Drop a last, smaller batch (static batch size).
+        include_info: Add the info dict (module docstring) as a third element.
+
+    Returns:
+        The batched, prefetched `tf.data.Dataset`.
+    """
+    batch_size = _positive_int("batch_size", batch_size)
+    max_objects = _positive_int("max_objects", max_objects)
+    sizes = DetrSizes.scaled(image_size, max_size)
+    if pad_to is not None and (
+        len(pad_to) != 2 or not all(isinstance(v, int) and v > 0 for v in pad_to)
+    ):
+        raise ValueError(
+            f"`pad_to` must be None or positive (height, width). Received: pad_to={pad_to!r}"
+        )
+    prepare = functools.partial(
+        _prepare, training=training, sizes=sizes, max_objects=max_objects
+    )
+    if training:
+        seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
+        ds = tf.data.Dataset.zip((records, seeds))
+        ds = ds.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        ds = records.map(lambda r: prepare(r, None), num_parallel_calls=tf.data.AUTOTUNE)
+    if not include_info:
+        ds = ds.map(lambda inputs, targets, info: (inputs, targets))
+    height, width = (None, None) if pad_to is None else (int(pad_to[0]), int(pad_to[1]))
+    shapes = (
+        {"images": [height, width, 3], "mask": [height, width]},
+        {"labels": [max_objects], "boxes": [max_objects, 4], "valid": [max_objects]},
+        {"image_id": [], "orig_size": [2], "size": [2]},
+    )
+    ds = ds.padded_batch(
+        batch_size, padded_shapes=shapes[:3 if include_info else 2], drop_remainder=drop_remainder
+    )
+    return ds.prefetch(tf.data.AUTOTUNE)

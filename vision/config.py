@@ -1,0 +1,115 @@
+"""The detector's one configuration: a frozen dataclass with named presets.
+
+``r50`` holds the numbers of facebookresearch/detr (``main.py`` defaults and the paper);
+``tiny`` is a small model for CPU work and tests. The number of classes is not here: it
+comes from the data (``build_model(config, num_classes)``).
+
+Example:
+    >>> config = preset("tiny", num_queries=10)
+    >>> config.hidden_dim
+    128
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["DetrConfig", "PRESETS", "preset"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DetrConfig:
+    """Hyperparameters of the DETR model, its loss and its optimizer (defaults = ``r50``)."""
+
+    name: str = "r50"
+
+    # Backbone.
+    backbone: str = "resnet50"  # "resnet50" (stride 32, 2048 channels) or "tiny" (stride 16)
+    # Local ImageNet weights file for keras.applications.ResNet50 (include_top=False); None
+    # starts from random weights. Nothing is ever downloaded.
+    backbone_weights: str | None = None
+    tiny_filters: tuple[int, ...] = (32, 64, 128, 256)  # one stride-2 conv block per entry
+
+    # Transformer.
+    hidden_dim: int = 256  # d_model; the sine position embedding uses hidden_dim / 2 per axis
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    ffn_dim: int = 2048
+    dropout: float = 0.1
+    num_queries: int = 100  # upper bound on detections per image
+    norm_first: bool = False  # post-norm, as DETR's default (pre_norm=False)
+
+    # Loss (SetCriterion) and matching (HungarianMatcher).
+    aux_loss: bool = True  # also supervise every earlier decoder layer
+    eos_coef: float = 0.1  # classification weight of the no-object class
+    cost_class: float = 1.0
+    cost_bbox: float = 5.0
+    cost_giou: float = 2.0
+    loss_ce: float = 1.0
+    loss_bbox: float = 5.0
+    loss_giou: float = 2.0
+    # "scipy": exact host solver; the train step must run with jit_compile=False.
+    # "ops": pure keras.ops solver, same minimum cost, lets the whole step compile with XLA.
+    matcher_solver: str = "scipy"
+
+    # Optimizer: AdamW with a 10x smaller learning rate for the backbone.
+    learning_rate: float = 1e-4
+    backbone_learning_rate: float = 1e-5
+    weight_decay: float = 1e-4  # decoupled, applied to every trainable variable as in DETR
+    adam_epsilon: float = 1e-8  # PyTorch's AdamW default, which DETR uses (Keras's is 1e-7)
+    clip_norm: float = 0.1  # gradient clipping by the global norm over all gradients
+    epochs: int = 300
+    lr_drop_epochs: int = 200  # both learning rates are multiplied by 0.1 after this epoch
+
+    # Data.
+    # Images per replica; the paper trains with 4 per GPU on 16 GPUs (batch 64).
+    batch_size: int = 4
+    image_size: int = 800  # shorter side after resizing (DETR's multi-scale max scale)
+    max_image_size: int = 1333  # cap on the longer side
+
+
+PRESETS: dict[str, DetrConfig] = {
+    "r50": DetrConfig(),
+    # A 4-conv backbone, d 128, 3+3 layers, 20 queries, 128 px images, batch 16, lr 2e-4:
+    # the setting of the reference CPU run of facebookresearch/detr in DESIGN section 8.
+    "tiny": DetrConfig(
+        name="tiny",
+        backbone="tiny",
+        hidden_dim=128,
+        num_heads=4,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        ffn_dim=512,
+        num_queries=20,
+        learning_rate=2e-4,
+        backbone_learning_rate=2e-5,  # keeps DETR's 10x ratio
+        batch_size=16,
+        image_size=128,
+        max_image_size=128,
+        epochs=50,
+        lr_drop_epochs=40,
+    ),
+}
+
+
+def preset(name: str, **overrides) -> DetrConfig:
+    """Returns the named preset, with some fields replaced.
+
+    Args:
+        name: ``"tiny"`` or ``"r50"``.
+        **overrides: fields of `DetrConfig` to replace.
+
+    Returns:
+        A new frozen `DetrConfig`.
+
+    Raises:
+        ValueError: For an unknown preset name or field.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"`name` must be one of {sorted(PRESETS)}. Received: name={name!r}")
+    fields = {field.name for field in dataclasses.fields(DetrConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"Unknown DetrConfig fields: {unknown}. Known fields: {sorted(fields)}")
+    return dataclasses.replace(PRESETS[name], **overrides)

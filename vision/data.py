@@ -1,0 +1,320 @@
+"""Detection data: `--data` sources and padded, augmented batches for Keras `fit`.
+
+Data specs:
+
+- `embedded`: the synthetic shapes of `vision.shapes` (3 classes), generated on the fly.
+- `coco:IMAGES_DIR:ANNOTATIONS.json`: COCO-format files (`vision.coco`); a deterministic
+  `valid_fraction` of the images is held out for validation.
+- `tfds:NAME`: a TensorFlow Datasets detection set with `objects/bbox` and `objects/label`,
+  e.g. `tfds:coco/2017` or `tfds:voc/2007`; crowd boxes (`objects/is_crowd`) are dropped. Its
+  "train" and "validation" splits are used; it must already be prepared in `data_dir`.
+
+Splits are "train", "valid" and "all" (train followed by valid). A split's *records* are
+`{"image": (H, W, 3) uint8, "boxes": (N, 4) float32 absolute pixel (x0, y0, x1, y1),
+"labels": (N,) int32, "image_id": () int64}`; `make_batches` (from `vision.batching`, re-exported
+here) turns them into Keras elements, and `DetectionSource.batches` does both steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import tensorflow as tf
+
+from vision import coco, shapes, tfds_source
+from vision.batching import make_batches
+
+__all__ = [
+    "EMBEDDED_VALID_ID_OFFSET",
+    "SCHEMES",
+    "SPLITS",
+    "DetectionSource",
+    "evaluation_split",
+    "load_source",
+    "make_batches",
+    "parse_data_spec",
+]
+
+SCHEMES = ("embedded", "coco", "tfds")
+SPLITS = ("train", "valid", "all")
+_ACCEPTED = "'embedded', 'coco:IMAGES_DIR:ANNOTATIONS.json', 'tfds:NAME' (e.g. tfds:coco/2017)"
+# `embedded` validation image ids start here, so ids stay unique over the "all" split.
+EMBEDDED_VALID_ID_OFFSET = 1_000_000
+
+
+def parse_data_spec(spec: str) -> tuple[str, tuple[str, ...]]:
+    """Splits a `--data` spec into (scheme, arguments).
+
+    Args:
+        spec: "embedded", "coco:IMAGES_DIR:ANNOTATIONS.json" or "tfds:NAME".
+
+    Returns:
+        `("embedded", ())`, `("coco", (images_dir, annotations_path))` or `("tfds", (name,))`.
+
+    Raises:
+        ValueError: For an unknown scheme (naming it and the accepted ones) or bad arguments.
+    """
+    if not isinstance(spec, str):
+        raise ValueError(f"`data` must be a string such as 'embedded'. Received: data={spec!r}")
+    scheme, _, argument = spec.partition(":")
+    if scheme not in SCHEMES:
+        raise ValueError(f"Unknown data scheme {scheme!r} in data={spec!r}. Accepted: {_ACCEPTED}.")
+    if scheme == "embedded":
+        if argument:
+            raise ValueError(f"`embedded` takes no argument. Received: data={spec!r}")
+        return scheme, ()
+    if scheme == "coco":
+        images_dir, _, annotations = argument.partition(":")
+        if not images_dir or not annotations:
+            raise ValueError(
+                f"`coco:` needs an images folder and an annotations file: "
+                f"'coco:IMAGES_DIR:ANNOTATIONS.json'. Received: data={spec!r}"
+            )
+        return scheme, (images_dir, annotations)
+    if not argument:
+        raise ValueError(f"`tfds:` needs a dataset name, e.g. 'tfds:coco/2017'. Received: {spec!r}")
+    return scheme, (argument,)
+
+
+def evaluation_split(spec: str) -> str:
+    """The split evaluation scores: every image of a `coco:` source, else the held-out split."""
+    return "all" if parse_data_spec(spec)[0] == "coco" else "valid"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+    """How to build one split: `build(shuffle, seed) -> records`, its size, its object counts."""
+
+    build: Callable[[bool, int], tf.data.Dataset]
+    size: int | None
+    # Yields (image name, number of objects); None where counting would mean reading everything.
+    counts: Callable[[], Iterable[tuple[str, int]]] | None = None
+    most_objects: int | None = None  # An upper bound of the counts, if known.
+
+
+class DetectionSource:
+    """A detection data set with "train", "valid" and "all" splits; see `load_source`.
+
+    Attributes:
+        spec: The `--data` spec.
+        class_names: Name of each label `0..num_classes-1`.
+        num_classes: Number of object classes (without the no-object class).
+        category_ids: For `coco:` data, the COCO category id of each label, else None.
+    """
+
+    def __init__(
+        self,
+        spec: str,
+        class_names: Iterable[str],
+        splits: dict[str, _Split],
+        category_ids: Iterable[int] | None = None,
+    ):
+        self.spec = spec
+        self.class_names = tuple(class_names)
+        self.category_ids = None if category_ids is None else tuple(category_ids)
+        train, valid = splits["train"], splits["valid"]
+        known = train.counts is not None and valid.counts is not None
+        self._splits = dict(splits)
+        self._splits["all"] = _Split(
+            build=lambda shuffle, seed: train.build(shuffle, seed).concatenate(
+                valid.build(shuffle, seed)
+            ),
+            size=None if train.size is None or valid.size is None else train.size + valid.size,
+            counts=(lambda: itertools.chain(train.counts(), valid.counts())) if known else None,
+            most_objects=max(train.most_objects, valid.most_objects) if known else None,
+        )
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def _split(self, split: str) -> _Split:
+        if split not in SPLITS:
+            raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
+        return self._splits[split]
+
+    def num_examples(self, split: str = "train") -> int | None:
+        """Number of images of `split`, or None where unknown without reading it (`tfds:`)."""
+        return self._split(split).size
+
+    def records(
+        self, split: str = "train", *, shuffle: bool = False, seed: int = 0
+    ) -> tf.data.Dataset:
+        """The decoded records of `split` (format in the module docstring).
+
+        Args:
+            split: "train", "valid" or "all".
+            shuffle: Shuffle before decoding (a new order each epoch, reproducible by `seed`).
+            seed: Shuffle seed.
+        """
+        return self._split(split).build(shuffle, seed)
+
+    def check_max_objects(self, split: str, max_objects: int) -> None:
+        """Raises ValueError naming the first image of `split` with more than `max_objects` boxes.
+
+        Sources whose counts need a full read (`tfds:`) are checked in the pipeline instead.
+        """
+        if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects < 1:
+            raise ValueError(f"`max_objects` must be a positive integer. Received: {max_objects!r}")
+        info = self._split(split)
+        if info.counts is None or info.most_objects <= max_objects:
+            return
+        for name, count in info.counts():
+            if count > max_objects:
+                raise ValueError(
+                    f"{name} has {count} objects, more than max_objects={max_objects} (the "
+                    "number of queries). Raise the number of queries or remove objects."
+                )
+
+    def batches(
+        self,
+        split: str = "train",
+        *,
+        batch_size: int,
+        max_objects: int,
+        training: bool | None = None,
+        seed: int = 0,
+        **kwargs,
+    ) -> tf.data.Dataset:
+        """Checks object counts, then `make_batches(self.records(split, ...), ...)`.
+
+        Args:
+            split: "train", "valid" or "all".
+            batch_size: Images per batch.
+            max_objects: Target slots per image (the trainer passes `num_queries`).
+            training: Shuffle and augment; default True for "train" only.
+            seed: Seed of shuffling and augmentation.
+            **kwargs: More arguments of `vision.batching.make_batches` (`image_size`, ...).
+
+        Raises:
+            ValueError: For an image with more than `max_objects` objects (see
+                `check_max_objects`), or bad arguments.
+        """
+        training = split == "train" if training is None else training
+        self.check_max_objects(split, max_objects)
+        return make_batches(
+            self.records(split, shuffle=training, seed=seed),
+            batch_size=batch_size,
+            max_objects=max_objects,
+            training=training,
+            seed=seed,
+            **kwargs,
+        )
+
+
+def _shuffled(ds: tf.data.Dataset, size: int, shuffle: bool, seed: int) -> tf.data.Dataset:
+    if not shuffle:
+        return ds
+    return ds.shuffle(max(size, 1), seed=seed, reshuffle_each_iteration=True)
+
+
+def _embedded_split(generator: shapes.ShapesGenerator, size: int, id_offset: int) -> _Split:
+    def example(index):
+        ex = generator.example(int(index))
+        return ex["image"], ex["boxes"], ex["labels"]
+
+    def load(index):
+        image, boxes, labels = tf.numpy_function(
+            example, [index], (tf.uint8, tf.float32, tf.int32), stateful=False
+        )
+        image.set_shape([None, None, 3])
+        boxes.set_shape([None, 4])
+        labels.set_shape([None])
+        return {"image": image, "boxes": boxes, "labels": labels, "image_id": index + id_offset}
+
+    def build(shuffle, seed):
+        ds = _shuffled(tf.data.Dataset.range(size), size, shuffle, seed)
+        return ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def counts():
+        for i in range(size):
+            yield f"`embedded` {generator.split} image {i}", generator.num_objects(i)
+
+    return _Split(build, size, counts, generator.max_objects)
+
+
+def _coco_split(images: tuple[coco.CocoImage, ...]) -> _Split:
+    lengths = [len(image.labels) for image in images]
+    boxes = np.concatenate([np.zeros((0, 4), np.float32)] + [im.boxes for im in images])
+    labels = np.concatenate([np.zeros((0,), np.int32)] + [im.labels for im in images])
+
+    def build(shuffle, seed):
+        # Built on demand, so the tensors live in the graph (or eager context) that asks.
+        table = {
+            "path": tf.constant([im.path for im in images], tf.string, shape=[len(images)]),
+            "boxes": tf.RaggedTensor.from_row_lengths(boxes, tf.constant(lengths, tf.int64)),
+            "labels": tf.RaggedTensor.from_row_lengths(labels, tf.constant(lengths, tf.int64)),
+            "image_id": tf.constant([im.image_id for im in images], tf.int64, [len(images)]),
+        }
+        ds = _shuffled(tf.data.Dataset.from_tensor_slices(table), len(images), shuffle, seed)
+        return ds.map(_decode_file, num_parallel_calls=tf.data.AUTOTUNE)
+
+    def counts():
+        for image in images:
+            yield f"Image {image.path!r} (id {image.image_id})", len(image.labels)
+
+    return _Split(build, len(images), counts, max(lengths, default=0))
+
+
+def _decode_file(row: dict) -> dict:
+    image = tf.io.decode_image(tf.io.read_file(row["path"]), channels=3, expand_animations=False)
+    image.set_shape([None, None, 3])
+    return {"image": image, "boxes": row["boxes"], "labels": row["labels"],
+            "image_id": row["image_id"]}
+
+
+def load_source(
+    spec: str,
+    *,
+    valid_fraction: float = 0.05,
+    seed: int = 0,
+    num_train: int = 5000,
+    num_valid: int = 500,
+    embedded_size: int = 128,
+    embedded_min_size: int | None = None,
+    data_dir: str | None = None,
+) -> DetectionSource:
+    """Opens the detection data named by a `--data` spec.
+
+    Args:
+        spec: "embedded", "coco:IMAGES_DIR:ANNOTATIONS.json" or "tfds:NAME".
+        valid_fraction: Share of a `coco:` source's images held out for "valid".
+        seed: Generator seed of `embedded` (its two splits always differ).
+        num_train: `embedded` training images.
+        num_valid: `embedded` validation images.
+        embedded_size: `embedded` image side (the largest one with `embedded_min_size`).
+        embedded_min_size: If set, `embedded` heights and widths vary in
+            `[embedded_min_size, embedded_size]`.
+        data_dir: TensorFlow Datasets directory for `tfds:`.
+
+    Returns:
+        The `DetectionSource`.
+
+    Raises:
+        ValueError: Unknown scheme, bad arguments, or unreadable `coco:` files (named).
+    """
+    scheme, arguments = parse_data_spec(spec)
+    if scheme == "tfds":
+        names, builders = tfds_source.tfds_splits(arguments[0], data_dir)
+        return DetectionSource(spec, names, {k: _Split(b, None) for k, b in builders.items()})
+    if scheme == "coco":
+        data = coco.read_coco(*arguments)
+        train, valid = coco.split_images(data.images, valid_fraction)
+        return DetectionSource(
+            spec, data.class_names, {"train": _coco_split(train), "valid": _coco_split(valid)},
+            category_ids=data.category_ids,
+        )
+    for name, value in (("num_train", num_train), ("num_valid", num_valid)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
+            raise ValueError(f"`{name}` must be an integer in [0, 1000000]. Received: {value!r}")
+    make = dict(seed=seed, image_size=embedded_size, min_image_size=embedded_min_size)
+    splits = {
+        "train": _embedded_split(shapes.ShapesGenerator(split="train", **make), num_train, 0),
+        "valid": _embedded_split(
+            shapes.ShapesGenerator(split="valid", **make), num_valid, EMBEDDED_VALID_ID_OFFSET
+        ),
+    }
+    return DetectionSource(spec, shapes.CLASS_NAMES, splits)

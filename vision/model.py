@@ -1,0 +1,358 @@
+"""The DETR detector: CNN backbone, Transformer encoder-decoder, object queries, set loss.
+
+Follows facebookresearch/detr (``models/detr.py``, ``backbone.py``, ``transformer.py``):
+images and their pixel validity mask go through the backbone; the mask is resized (nearest)
+to the feature map and gives the 2-D sine position embedding; a 1x1 conv projects the
+features to ``hidden_dim``; the encoder attends over the flattened features (position added
+to queries and keys in every layer, padded keys masked); the decoder starts from zeros with
+``num_queries`` learned query positions added in every layer and returns every layer's
+output; shared heads give class logits (last index = no-object) and normalized cxcywh boxes.
+
+Training uses Keras ``fit``: ``compute_loss`` is the Hungarian-matched ``SetCriterion``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import keras
+from keras import ops
+
+from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, TransformerEncoder
+from vision.backbone import build_backbone
+from vision.losses import SetCriterion
+from vision.matcher import HungarianMatcher
+from vision.optimizer import DetrAdamW
+
+__all__ = ["DETR", "build_criterion", "build_model", "resize_mask"]
+
+_LOSS_TERMS = ("loss_ce", "loss_bbox", "loss_giou")
+
+
+def resize_mask(valid: Any, height: Any, width: Any) -> Any:
+    """Nearest-neighbour resize of a boolean mask, as PyTorch's ``F.interpolate`` in DETR.
+
+    Output pixel ``(i, j)`` takes input pixel ``(floor(i * H / height), floor(j * W /
+    width))``.
+
+    Args:
+        valid: ``(B, H, W)`` bool.
+        height, width: output size (ints or scalar tensors).
+
+    Returns:
+        ``(B, height, width)`` bool.
+    """
+    shape = ops.shape(valid)
+    rows = ops.floor_divide(ops.arange(height, dtype="int32") * shape[1], height)  # (height,)
+    cols = ops.floor_divide(ops.arange(width, dtype="int32") * shape[2], width)  # (width,)
+    return ops.take(ops.take(valid, rows, axis=1), cols, axis=2)
+
+
+def _torch_linear_init(fan_in: int) -> dict:
+    """PyTorch's default ``nn.Linear`` / ``nn.Conv2d`` initialization, used by DETR's heads."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return dict(
+        kernel_initializer=keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform"),
+        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
+    )
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class DETR(keras.Model):
+    """DEtection TRansformer.
+
+    Args:
+        num_classes: number of object classes ``C`` (the no-object class is added).
+        backbone: a backbone layer from `vision.backbone.build_backbone` (has ``stride`` and
+            ``output_channels``; called as ``backbone(images, valid=...)``).
+        hidden_dim: Transformer width ``d`` (a multiple of 4 and of ``num_heads``).
+        num_heads: attention heads.
+        num_encoder_layers, num_decoder_layers: stack depths.
+        ffn_dim: feed-forward inner width.
+        dropout: Transformer dropout.
+        num_queries: object queries ``Q``.
+        norm_first: pre-norm Transformer when True (DETR's default is post-norm).
+        **kwargs: base model arguments.
+
+    Call arguments:
+        inputs: dict with ``"images"`` ``(B, H, W, 3)`` float32 (ImageNet mean/std normalized)
+            and ``"mask"`` ``(B, H, W)`` bool, ``True`` = valid pixel (optional: all valid).
+        training: enables dropout.
+
+    Returns:
+        dict with ``"pred_logits"`` ``(B, Q, C + 1)``, ``"pred_boxes"`` ``(B, Q, 4)``
+        (normalized cxcywh in [0, 1], float32) and ``"aux_outputs"``: a list of
+        ``num_decoder_layers - 1`` dicts with the same two keys, one per earlier decoder layer.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        backbone: keras.layers.Layer,
+        hidden_dim: int = 256,
+        num_heads: int = 8,
+        num_encoder_layers: int = 6,
+        num_decoder_layers: int = 6,
+        ffn_dim: int = 2048,
+        dropout: float = 0.1,
+        num_queries: int = 100,
+        norm_first: bool = False,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for arg, value in (("num_classes", num_classes), ("num_queries", num_queries)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{arg}` must be a positive integer. Received: {value!r}")
+        if not isinstance(hidden_dim, int) or hidden_dim <= 0 or hidden_dim % 4:
+            raise ValueError(
+                f"`hidden_dim` must be a positive multiple of 4. Received: {hidden_dim!r}"
+            )
+        self.num_classes = num_classes
+        self.hidden_dim = hidden_dim
+        self.num_heads = num_heads
+        self.num_encoder_layers = num_encoder_layers
+        self.num_decoder_layers = num_decoder_layers
+        self.ffn_dim = ffn_dim
+        self.dropout = dropout
+        self.num_queries = num_queries
+        self.norm_first = norm_first
+
+        d = hidden_dim
+        self.backbone = backbone
+        self.position = SinePositionEmbedding2D(d // 2, dtype=self.dtype_policy, name="position")
+        self.input_proj = keras.layers.Conv2D(
+            d, 1, dtype=self.dtype_policy, name="input_proj",
+            **_torch_linear_init(backbone.output_channels),
+        )
+        stack = dict(
+            num_heads=num_heads, hidden_dim=ffn_dim, dropout=dropout, norm_first=norm_first,
+            dtype=self.dtype_policy,
+        )
+        self.encoder = TransformerEncoder(num_encoder_layers, name="encoder", **stack)
+        self.decoder = TransformerDecoder(
+            num_decoder_layers, return_intermediate=True, final_norm=True, name="decoder", **stack
+        )
+        self.class_head = keras.layers.Dense(
+            num_classes + 1, dtype=self.dtype_policy, name="class_head", **_torch_linear_init(d)
+        )
+        self.box_head = [
+            keras.layers.Dense(
+                units, activation=activation, dtype=self.dtype_policy, name=f"box_head_{i}",
+                **_torch_linear_init(d),
+            )
+            for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
+        ]
+        self.criterion: SetCriterion | None = None
+        self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
+        self._num_replicas = 1
+        self._all_reduce_sum: Callable | None = None
+
+    def build(self, inputs_shape):
+        images_shape = inputs_shape["images"] if isinstance(inputs_shape, dict) else inputs_shape
+        images_shape = (None, None, None, images_shape[-1])
+        d, q = self.hidden_dim, self.num_queries
+        if not self.backbone.built:  # a deserialized backbone comes built
+            self.backbone.build(images_shape, images_shape[:3])
+        self.input_proj.build((None, None, None, self.backbone.output_channels))
+        self.encoder.build((None, None, d))
+        self.decoder.build((None, q, d), (None, None, d))
+        self.class_head.build((None, None, d))
+        for layer in self.box_head:
+            layer.build((None, None, d))
+        # nn.Embedding's default N(0, 1), as DETR's query_embed.
+        self.query_embed = self.add_weight(
+            shape=(q, d), initializer=keras.initializers.RandomNormal(stddev=1.0),
+            name="query_embed",
+        )
+        self.built = True
+
+    @property
+    def backbone_variables(self) -> list:
+        """The backbone's trainable variables (trained with the smaller learning rate)."""
+        return list(self.backbone.trainable_variables)
+
+    def call(self, inputs, training=None):
+        if not isinstance(inputs, dict) or "images" not in inputs:
+            raise ValueError(
+                "`inputs` must be a dict with 'images' (B, H, W, 3) and optionally 'mask' "
+                f"(B, H, W). Received: {type(inputs).__name__}"
+                + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "")
+            )
+        images = inputs["images"]
+        valid = inputs.get("mask")
+        if valid is None:
+            valid = ops.ones(ops.shape(images)[:3], dtype="bool")
+        valid = ops.cast(valid, "bool")
+        features = self.backbone(images, valid=valid, training=training)  # (B, h, w, C)
+        shape = ops.shape(features)
+        batch, d = shape[0], self.hidden_dim
+        feature_valid = resize_mask(valid, shape[1], shape[2])  # (B, h, w)
+        pos = self.position(feature_valid)  # (B, h, w, d)
+        x = self.input_proj(features)  # (B, h, w, d)
+        x = ops.reshape(x, (batch, -1, d))  # (B, S = h * w, d)
+        pos = ops.reshape(pos, (batch, -1, d))  # (B, S, d)
+        memory_mask = ops.reshape(feature_valid, (batch, -1))  # (B, S)
+        memory = self.encoder(x, padding_mask=memory_mask, pos=pos, training=training)
+
+        query_pos = ops.cast(self.query_embed, self.compute_dtype)[None]  # (1, Q, d)
+        query_pos = ops.repeat(query_pos, batch, axis=0)  # (B, Q, d)
+        hs = self.decoder(
+            ops.zeros_like(query_pos), memory, memory_mask=memory_mask, query_pos=query_pos,
+            memory_pos=pos, training=training,
+        )  # (L, B, Q, d)
+        logits = ops.cast(self.class_head(hs), "float32")  # (L, B, Q, C + 1)
+        boxes = hs
+        for layer in self.box_head:
+            boxes = layer(boxes)
+        boxes = ops.sigmoid(ops.cast(boxes, "float32"))  # (L, B, Q, 4)
+        return {
+            "pred_logits": logits[-1],
+            "pred_boxes": boxes[-1],
+            "aux_outputs": [
+                {"pred_logits": logits[i], "pred_boxes": boxes[i]}
+                for i in range(self.num_decoder_layers - 1)
+            ],
+        }
+
+    # --- training ----------------------------------------------------------------------------
+
+    def compile(self, optimizer=None, criterion: SetCriterion | None = None, jit_compile=False,
+                **kwargs):
+        """Configures training; ``loss`` is the set ``criterion``.
+
+        Args:
+            optimizer: defaults to ``DetrAdamW()`` (DETR's settings). A `DetrAdamW` without
+                backbone variables gets this model's ``backbone_variables``.
+            criterion: a `SetCriterion`; defaults to DETR's (``HungarianMatcher(1, 5, 2)``,
+                ``eos_coef`` 0.1, weights 1/5/2, auxiliary losses).
+            jit_compile: ``False`` by default because the matcher's default ``"scipy"`` solver
+                is a host callback that XLA cannot compile; with a
+                ``HungarianMatcher(solver="ops")`` criterion, ``True`` works.
+            **kwargs: other ``keras.Model.compile`` arguments (not ``loss``).
+        """
+        if kwargs.get("loss") is not None:
+            raise ValueError(
+                "DETR's loss is its set `criterion`; pass `criterion=`, not `loss=`. "
+                f"Received: loss={kwargs['loss']!r}"
+            )
+        kwargs.pop("loss", None)
+        optimizer = DetrAdamW() if optimizer is None else keras.optimizers.get(optimizer)
+        inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
+        if isinstance(inner, DetrAdamW) and not inner.has_backbone_variables:
+            inner.set_backbone_variables(self.backbone_variables)
+        if criterion is None:
+            criterion = SetCriterion(self.num_classes, HungarianMatcher())
+        self.criterion = criterion
+        super().compile(optimizer=optimizer, jit_compile=jit_compile, **kwargs)
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config and self.criterion is not None:
+            config["criterion"] = keras.saving.serialize_keras_object(self.criterion)
+        return config
+
+    def compile_from_config(self, config):
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)  # so that its state can be loaded
+
+    def configure_replicas(self, num_replicas: int, all_reduce_sum: Callable | None) -> None:
+        """Sets the cross-replica reduction used by a distributed trainer.
+
+        DETR normalizes the box losses by the number of targets averaged over replicas, and
+        Keras sums the replicas' gradients, so each replica's loss is divided by
+        ``num_replicas``. The trainer (the TensorFlow edge) passes
+        ``strategy.num_replicas_in_sync`` and a function summing a scalar over replicas.
+        """
+        if not isinstance(num_replicas, int) or num_replicas < 1:
+            raise ValueError(
+                f"`num_replicas` must be a positive integer. Received: {num_replicas!r}"
+            )
+        self._num_replicas = num_replicas
+        self._all_reduce_sum = all_reduce_sum
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """The criterion's ``"loss"`` on ``y = {"labels", "boxes", "valid"}``.
+
+        Also updates the ``loss_ce``, ``loss_bbox`` and ``loss_giou`` metrics (last layer).
+        """
+        del x, sample_weight, training
+        if self.criterion is None:
+            raise ValueError("Call `compile()` before training or evaluating the model.")
+        if y is None or y_pred is None:
+            return None
+        num_boxes = self.criterion.count_boxes(y)
+        if self._all_reduce_sum is not None:
+            num_boxes = self._all_reduce_sum(num_boxes) / self._num_replicas
+        losses = self.criterion(y_pred, y, num_boxes=num_boxes)
+        for tracker in self.loss_trackers:
+            tracker.update_state(losses[tracker.name])
+        loss = losses["loss"]
+        for extra in self.losses:  # regularization losses, if any
+            loss = loss + ops.cast(extra, loss.dtype)
+        if self._num_replicas > 1:
+            loss = loss / self._num_replicas
+        return loss
+
+    # --- serialization -----------------------------------------------------------------------
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            "num_classes": self.num_classes,
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+            "hidden_dim": self.hidden_dim,
+            "num_heads": self.num_heads,
+            "num_encoder_layers": self.num_encoder_layers,
+            "num_decoder_layers": self.num_decoder_layers,
+            "ffn_dim": self.ffn_dim,
+            "dropout": self.dropout,
+            "num_queries": self.num_queries,
+            "norm_first": self.norm_first,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
+        if isinstance(config.get("dtype"), dict):
+            config["dtype"] = keras.saving.deserialize_keras_object(config["dtype"])
+        return cls(**config)
+
+
+def build_criterion(config, num_classes: int) -> SetCriterion:
+    """The `SetCriterion` of a `vision.config.DetrConfig` for ``num_classes`` classes."""
+    matcher = HungarianMatcher(
+        cost_class=config.cost_class, cost_bbox=config.cost_bbox, cost_giou=config.cost_giou,
+        solver=config.matcher_solver,
+    )
+    weights = {"loss_ce": config.loss_ce, "loss_bbox": config.loss_bbox,
+               "loss_giou": config.loss_giou}
+    return SetCriterion(num_classes, matcher, config.eos_coef, weights, config.aux_loss)
+
+
+def build_model(config, num_classes: int) -> DETR:
+    """Builds (uncompiled, with weights) the `DETR` of a `vision.config.DetrConfig`.
+
+    Args:
+        config: the model fields of the config are used.
+        num_classes: number of object classes, from the data.
+
+    Returns:
+        A built `DETR`.
+    """
+    kwargs = {"filters": config.tiny_filters} if config.backbone == "tiny" else {}
+    backbone = build_backbone(config.backbone, weights=config.backbone_weights, **kwargs)
+    model = DETR(
+        num_classes, backbone, hidden_dim=config.hidden_dim, num_heads=config.num_heads,
+        num_encoder_layers=config.num_encoder_layers,
+        num_decoder_layers=config.num_decoder_layers, ffn_dim=config.ffn_dim,
+        dropout=config.dropout, num_queries=config.num_queries, norm_first=config.norm_first,
+        name="detr",
+    )
+    model.build({"images": (None, None, None, 3), "mask": (None, None, None)})
+    return model

@@ -1,0 +1,128 @@
+"""DETR's optimizer: AdamW with a real per-variable learning rate for the backbone.
+
+Under Adam, scaling a gradient does not change the update (the update is normalized by the
+gradient's own running magnitude), so a smaller backbone learning rate has to be a smaller
+step size. `DetrAdamW` is one Keras optimizer (one set of slots, one iteration counter, one
+global-norm clipping over *all* gradients, saved and restored with the model) whose step for
+the variables given to `set_backbone_variables` uses ``learning_rate *
+backbone_lr_multiplier``, for both the Adam step and the decoupled weight decay, exactly as
+PyTorch's AdamW with two parameter groups in facebookresearch/detr.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+from keras import ops
+
+__all__ = ["DetrAdamW", "build_optimizer"]
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class DetrAdamW(keras.optimizers.Adam):
+    """AdamW whose backbone variables use ``backbone_lr_multiplier`` times the learning rate.
+
+    Weight decay is decoupled (``w -= lr_w * weight_decay * w`` before the Adam step, with
+    ``lr_w`` the variable's own learning rate) and applies to every variable, as in DETR.
+
+    Args:
+        learning_rate: float or ``LearningRateSchedule``: the Transformer's learning rate.
+        weight_decay: decoupled weight decay coefficient (0 disables it).
+        backbone_lr_multiplier: the backbone's learning rate as a fraction of
+            ``learning_rate`` (DETR: 1e-5 / 1e-4 = 0.1).
+        beta_1, beta_2, epsilon: Adam's (``epsilon`` defaults to PyTorch's 1e-8).
+        global_clipnorm: clip all gradients together to this global norm (DETR: 0.1).
+        **kwargs: other ``keras.optimizers.Optimizer`` arguments.
+
+    Call `set_backbone_variables` before the first step (``DETR.compile`` does it).
+    """
+
+    def __init__(
+        self,
+        learning_rate: Any = 1e-4,
+        weight_decay: float = 1e-4,
+        backbone_lr_multiplier: float = 0.1,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-8,
+        global_clipnorm: float | None = 0.1,
+        name: str = "detr_adamw",
+        **kwargs,
+    ):
+        super().__init__(
+            learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon,
+            global_clipnorm=global_clipnorm, name=name, **kwargs,
+        )
+        if not weight_decay >= 0:
+            raise ValueError(f"`weight_decay` must be >= 0. Received: {weight_decay!r}")
+        if not backbone_lr_multiplier >= 0:
+            raise ValueError(
+                f"`backbone_lr_multiplier` must be >= 0. Received: {backbone_lr_multiplier!r}"
+            )
+        # Not `self.weight_decay`: the base class would decay every variable with the base
+        # learning rate; the decay happens in `update_step` with each variable's own rate.
+        self.decoupled_weight_decay = float(weight_decay)
+        self.backbone_lr_multiplier = float(backbone_lr_multiplier)
+        self._backbone_ids: set[int] | None = None
+
+    @property
+    def has_backbone_variables(self) -> bool:
+        """Whether `set_backbone_variables` has been called."""
+        return self._backbone_ids is not None
+
+    def set_backbone_variables(self, variables: list) -> None:
+        """Marks the variables that get the backbone learning rate (before the first step)."""
+        if self.built:
+            raise ValueError(
+                "`set_backbone_variables` must be called before the optimizer is built "
+                "(before the first training step)."
+            )
+        self._backbone_ids = {id(v) for v in variables}
+
+    def build(self, variables):
+        super().build(variables)
+        ids = self._backbone_ids or set()
+        # One multiplier per variable, in the order of `variables`; `update_step` finds a
+        # variable's index with `_get_variable_index`, as Keras's own optimizers do.
+        self._lr_multipliers = [
+            self.backbone_lr_multiplier if id(v) in ids else 1.0 for v in variables
+        ]
+
+    def update_step(self, gradient, variable, learning_rate):
+        multiplier = self._lr_multipliers[self._get_variable_index(variable)]
+        lr = ops.cast(learning_rate, variable.dtype) * multiplier
+        if self.decoupled_weight_decay:
+            self.assign_sub(variable, variable * (lr * self.decoupled_weight_decay))
+        super().update_step(gradient, variable, lr)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            weight_decay=self.decoupled_weight_decay,
+            backbone_lr_multiplier=self.backbone_lr_multiplier,
+        )
+        return config
+
+
+def build_optimizer(config, model) -> DetrAdamW:
+    """DETR's optimizer for `model`, from a `vision.config.DetrConfig`.
+
+    Args:
+        config: learning rates, weight decay, epsilon and clipping norm are read from it.
+        model: a `vision.model.DETR`; its ``backbone_variables`` get the backbone rate.
+
+    Returns:
+        A `DetrAdamW` with the backbone variables set.
+    """
+    if config.learning_rate <= 0:
+        raise ValueError(f"`learning_rate` must be > 0. Received: {config.learning_rate!r}")
+    optimizer = DetrAdamW(
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        backbone_lr_multiplier=config.backbone_learning_rate / config.learning_rate,
+        epsilon=config.adam_epsilon,
+        global_clipnorm=config.clip_norm,
+    )
+    optimizer.set_backbone_variables(model.backbone_variables)
+    return optimizer
