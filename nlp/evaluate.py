@@ -53,7 +53,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:
     """sacrebleu corpus BLEU and chrF, and the share of exact matches."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
-    bleu = sacrebleu.corpus_bleu(list(hypotheses), [list(references)])
+    bleu = sacrebleu.corpus_bleu(list(hypotheses), [list(references)], force=True)
     chrf = sacrebleu.corpus_chrf(list(hypotheses), [list(references)])
     exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])
     return {"bleu": round(bleu.score, 2), "chrf": round(chrf.score, 2),
