@@ -20,7 +20,8 @@ class NMTConfig:
     d_model: int = 512
     num_heads: int = 8
     ffn_dim: int = 2048
-    dropout: float = 0.1  # on embeddings+positions and every sub-layer output
+    dropout: float = 0.1  # on embeddings+positions, every sub-layer output, attention weights
+    activation_dropout: float = 0.0  # inside the FFN: none, as in the paper and fairseq
     max_length: int = 256  # longest tokenized sentence kept for training (longer are dropped)
     max_positions: int = 2048  # longest sequence the position encoding accepts when decoding
     norm_first: bool = False  # post-norm, as in the paper
@@ -36,8 +37,8 @@ class NMTConfig:
     def model_kwargs(self) -> dict:
         """The ``Seq2SeqTransformer`` constructor arguments."""
         names = ("vocab_size", "num_encoder_layers", "num_decoder_layers", "d_model",
-                 "num_heads", "ffn_dim", "dropout", "max_positions", "norm_first",
-                 "tie_embeddings")
+                 "num_heads", "ffn_dim", "dropout", "activation_dropout", "max_positions",
+                 "norm_first", "tie_embeddings")
         return {name: getattr(self, name) for name in names}
 
 

@@ -28,7 +28,8 @@ class Seq2SeqTransformer(keras.Model):
         d_model: model width.
         num_heads: attention heads.
         ffn_dim: feed-forward inner width.
-        dropout: dropout rate.
+        dropout: dropout on embeddings, sub-layer outputs and attention weights.
+        activation_dropout: dropout after the FFN activation.
         max_positions: longest sequence the position encoding accepts.
         norm_first: pre-norm instead of the paper's post-norm.
         tie_embeddings: share the embedding matrix with the output projection.
@@ -52,6 +53,7 @@ class Seq2SeqTransformer(keras.Model):
         num_heads: int = 8,
         ffn_dim: int = 2048,
         dropout: float = 0.1,
+        activation_dropout: float = 0.0,
         max_positions: int = 2048,
         norm_first: bool = False,
         tie_embeddings: bool = True,
@@ -67,6 +69,7 @@ class Seq2SeqTransformer(keras.Model):
         self.num_heads = num_heads
         self.ffn_dim = ffn_dim
         self.dropout = dropout
+        self.activation_dropout = activation_dropout
         self.max_positions = max_positions
         self.norm_first = norm_first
         self.tie_embeddings = tie_embeddings
@@ -83,7 +86,8 @@ class Seq2SeqTransformer(keras.Model):
         self.positions = tt.SinusoidalPositionEncoding(max_positions, dtype=policy)
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy)
         stack = dict(num_heads=num_heads, hidden_dim=ffn_dim, dropout=dropout,
-                     norm_first=norm_first, dtype=policy)
+                     activation_dropout=activation_dropout, norm_first=norm_first,
+                     dtype=policy)
         self.encoder = tt.TransformerEncoder(num_encoder_layers, name="encoder", **stack)
         self.decoder = tt.TransformerDecoder(num_decoder_layers, name="decoder", **stack)
         self.output_projection = None if tie_embeddings else keras.layers.Dense(
@@ -165,6 +169,7 @@ class Seq2SeqTransformer(keras.Model):
             num_heads=self.num_heads,
             ffn_dim=self.ffn_dim,
             dropout=self.dropout,
+            activation_dropout=self.activation_dropout,
             max_positions=self.max_positions,
             norm_first=self.norm_first,
             tie_embeddings=self.tie_embeddings,

@@ -24,6 +24,8 @@ class ResidualBlockLayer(keras.layers.Layer):
         hidden_dim: inner width of the feed-forward network.
         dropout: dropout on every sub-layer output (and inside the FFN).
         attention_dropout: dropout on attention weights (defaults to ``dropout``).
+        activation_dropout: dropout after the FFN activation (defaults to ``dropout``, as in
+            DETR and ``torch.nn.Transformer``; fairseq's translation models use 0).
         activation: FFN activation.
         norm_first: pre-norm when True, post-norm (default) when False.
         layer_norm_epsilon: LayerNorm epsilon.
@@ -38,6 +40,7 @@ class ResidualBlockLayer(keras.layers.Layer):
         hidden_dim: int,
         dropout: float = 0.1,
         attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
         activation="relu",
         norm_first: bool = False,
         layer_norm_epsilon: float = 1e-5,
@@ -56,6 +59,7 @@ class ResidualBlockLayer(keras.layers.Layer):
         self.hidden_dim = hidden_dim
         self.dropout = dropout
         self.attention_dropout = dropout if attention_dropout is None else attention_dropout
+        self.activation_dropout = dropout if activation_dropout is None else activation_dropout
         self.activation = keras.activations.get(activation)
         self.norm_first = norm_first
         self.layer_norm_epsilon = layer_norm_epsilon
@@ -86,7 +90,7 @@ class ResidualBlockLayer(keras.layers.Layer):
     def _feedforward(self, input_shape) -> FeedForward:
         ffn = FeedForward(
             self.hidden_dim,
-            dropout=self.dropout,
+            dropout=self.activation_dropout,
             activation=self.activation,
             kernel_initializer=self._clone(self.kernel_initializer),
             bias_initializer=self._clone(self.bias_initializer),
@@ -130,6 +134,7 @@ class ResidualBlockLayer(keras.layers.Layer):
             hidden_dim=self.hidden_dim,
             dropout=self.dropout,
             attention_dropout=self.attention_dropout,
+            activation_dropout=self.activation_dropout,
             activation=keras.activations.serialize(self.activation),
             norm_first=self.norm_first,
             layer_norm_epsilon=self.layer_norm_epsilon,
