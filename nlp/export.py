@@ -24,28 +24,44 @@ from nlp.tokenizer import Tokenizer
 __all__ = ["make_translate_fn", "export_translator"]
 
 
+SOURCE_LENGTH_MULTIPLE = 16  # with XLA, sources are padded to this so few shapes compile
+
+
 def make_translate_fn(model, tokenizer: Tokenizer, beam_size: int = 4, alpha: float = 0.6,
-                      extra_length: int = 50, max_source_length: int | None = None):
+                      extra_length: int = 50, max_source_length: int | None = None,
+                      jit_compile: bool = True):
     """``text (N,) tf.string -> (N,) tf.string``, tokenization and decoding in one graph.
 
     Sources longer than ``max_source_length`` tokens (default: what the model's position
     encoding allows after ``extra_length`` decoding steps) are truncated, so any input
     translates; an empty string translates to (usually) an empty string.
+
+    With ``jit_compile`` the search loop is XLA-compiled (tokenization stays outside XLA);
+    sources are padded to a multiple of 16 tokens so that few shapes compile. Padding is
+    masked, so it changes nothing but the decoding length limit (``S + extra_length``).
     """
     if max_source_length is None:
-        max_source_length = model.max_positions - extra_length - 1
+        max_source_length = model.max_positions - extra_length - SOURCE_LENGTH_MULTIPLE
+
+    def search(source):
+        if beam_size > 1:
+            return beam_search(model, source, beam_size=beam_size, alpha=alpha,
+                               extra_length=extra_length)
+        return greedy_search(model, source, extra_length=extra_length)
+
+    if jit_compile:
+        search = tf.function(search, jit_compile=True, reduce_retracing=True)
 
     def translate(text):
         ids = tokenizer.tokenize(text)  # ragged (N, None)
         ids = ids[:, : max_source_length - 1]
         eos = tf.fill([tf.shape(text)[0], 1], tokenizer.eos_id)
         source = tf.concat([ids, eos], axis=1).to_tensor(default_value=tokenizer.pad_id)
-        if beam_size > 1:
-            out = beam_search(model, source, beam_size=beam_size, alpha=alpha,
-                              extra_length=extra_length)
-        else:
-            out = greedy_search(model, source, extra_length=extra_length)
-        return tokenizer.detokenize(out)
+        if jit_compile:
+            length = tf.shape(source)[1]
+            padded = -(-length // SOURCE_LENGTH_MULTIPLE) * SOURCE_LENGTH_MULTIPLE
+            source = tf.pad(source, [[0, 0], [0, padded - length]])
+        return tokenizer.detokenize(search(source))
 
     return translate
 
@@ -58,7 +74,8 @@ def _serving(translate):
 
 
 def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike, beam_size: int = 4,
-                      alpha: float = 0.6, extra_length: int = 50) -> str:
+                      alpha: float = 0.6, extra_length: int = 50,
+                      jit_compile: bool = True) -> str:
     """Writes the SavedModel: signature ``serving_default`` (``text`` → ``translation``, beam
     search of width ``beam_size``) and ``greedy`` (the same with greedy decoding).
 
@@ -69,6 +86,7 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike, beam
         beam_size: beam width (1 = greedy).
         alpha: GNMT length-penalty exponent.
         extra_length: decode at most source length + this many tokens.
+        jit_compile: XLA-compile the search loop (see ``make_translate_fn``).
 
     Returns:
         ``path`` as a string.
@@ -76,7 +94,8 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike, beam
     archive = keras.export.ExportArchive()
     archive.track(model)
     for name, width in (("serving_default", beam_size), ("greedy", 1)):
-        translate = make_translate_fn(model, tokenizer, width, alpha, extra_length)
+        translate = make_translate_fn(model, tokenizer, width, alpha, extra_length,
+                                      jit_compile=jit_compile)
         archive.add_endpoint(
             name=name,
             fn=_serving(translate),

@@ -44,6 +44,7 @@ def tiny_translator(tmp_path_factory):
 TEXTS = ["I have three apples.", "", "We moved to Berlin on March 3, 2021. " * 40]
 
 
+@pytest.mark.slow
 def test_export_runs_without_this_project_and_matches_in_process(tiny_translator, tmp_path):
     model, tokenizer, export = tiny_translator
     for beam, signature in ((3, "serving_default"), (1, "greedy")):
@@ -66,6 +67,7 @@ def test_export_runs_without_this_project_and_matches_in_process(tiny_translator
         assert len(got) == 3 and all(isinstance(t, str) for t in got)
 
 
+@pytest.mark.slow
 def test_resume_continues_from_the_next_epoch(tmp_path):
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(120)), encoding="utf-8")
@@ -96,6 +98,7 @@ def test_resume_continues_from_the_next_epoch(tmp_path):
     assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
 
 
+@pytest.mark.slow
 def test_scripts_train_translate_evaluate(tmp_path):
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(60)), encoding="utf-8")
@@ -124,6 +127,7 @@ def test_scripts_train_translate_evaluate(tmp_path):
     assert result["n"] == 60 and set(result) == {"bleu", "chrf", "exact_match", "n"}
 
 
+@pytest.mark.slow
 def test_scripts_report_bad_input_in_one_line(tmp_path):
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nno tab here\n", encoding="utf-8")
