@@ -20,6 +20,10 @@ import tensorflow as tf  # noqa: E402
 from nlp.evaluate import load_translator  # noqa: E402
 from nlp.train import train_nmt  # noqa: E402
 from tfx_transformer.training import read_metrics, run_cli  # noqa: E402
+from vision.export import load_detector  # noqa: E402
+from vision.plots import draw_detections  # noqa: E402
+from vision.shapes import ShapesGenerator  # noqa: E402
+from vision.train import train_detr  # noqa: E402
 
 
 def translation(workdir: str, minutes: float) -> None:
@@ -35,6 +39,24 @@ def translation(workdir: str, minutes: float) -> None:
     print(f"exported model ({workdir}/export): {sentence} -> {out}")
 
 
+def detection(workdir: str, minutes: float) -> None:
+    print(f"\n== detection: tiny DETR, synthetic shapes, {minutes:.1f} min ==")
+    scores = train_detr("embedded", workdir, "tiny", time_budget=minutes, eval_limit=200)
+    print(f"validation ({scores['n']} images): AP {scores['AP']:.3f}, AP50 {scores['AP50']:.3f}, "
+          f"AP75 {scores['AP75']:.3f}")
+    detector = load_detector(os.path.join(workdir, "export"))
+    example = ShapesGenerator(seed=0, split="valid").example(0)
+    found = detector(example["image"][None])
+    keep = found["scores"][0] > 0.5
+    path = draw_detections(example["image"], found["boxes"][0][keep], found["scores"][0][keep],
+                           found["labels"][0][keep], detector.class_names,
+                           os.path.join(workdir, "detections.png"), title="held-out image")
+    names = [detector.class_names[i] for i in found["labels"][0][keep]]
+    truth = [detector.class_names[i] for i in example["labels"]]
+    print(f"exported model ({workdir}/export) on a held-out image: {sorted(names)} "
+          f"(truth {sorted(truth)}) -> {path}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -45,6 +67,7 @@ def main(argv=None) -> int:
     if args.minutes <= 0:
         parser.error(f"--minutes must be positive, got {args.minutes}")
     translation(os.path.join(args.workdir, "nmt"), args.minutes / 2)
+    detection(os.path.join(args.workdir, "detr"), args.minutes / 2)
     return 0
 
 

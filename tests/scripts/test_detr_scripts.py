@@ -1,0 +1,135 @@
+"""train_detr.py, detect.py and evaluate_detr.py through their command lines."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tfx_transformer.training import run_cli
+from vision.shapes import ShapesGenerator
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _run(script, *args, cwd=None):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *map(str, args)],
+                          capture_output=True, text=True, env=ENV, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    work = tmp_path_factory.mktemp("detr") / "work"
+    done = _run("train_detr.py", "--data", "embedded", "--preset", "tiny", "--workdir", work,
+                "--max-steps", 2, "--batch-size", 2, "--eval-limit", 4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return work, done
+
+
+@pytest.fixture(scope="module")
+def coco_dir(tmp_path_factory):
+    """Three shapes images of different sizes in COCO format, categories 1..3 (3 classes)."""
+    tmp = tmp_path_factory.mktemp("coco")
+    images, annotations = [], []
+    generator = ShapesGenerator(seed=5, split="valid", image_size=96, min_image_size=48)
+    for i in range(3):
+        example = generator.example(i)
+        Image.fromarray(example["image"]).save(tmp / f"{i}.png")
+        height, width = example["image"].shape[:2]
+        images.append({"id": i + 1, "file_name": f"{i}.png", "height": height, "width": width})
+        for (x0, y0, x1, y1), label in zip(example["boxes"].tolist(), example["labels"]):
+            annotations.append({"id": len(annotations) + 1, "image_id": i + 1,
+                                "category_id": int(label) + 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
+                                "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+    categories = [{"id": i + 1, "name": n} for i, n in enumerate(("circle", "square", "tri"))]
+    (tmp / "ann.json").write_text(json.dumps(
+        {"images": images, "annotations": annotations, "categories": categories}))
+    return tmp
+
+
+@pytest.mark.slow
+def test_train_writes_the_work_directory(trained):
+    work, done = trained
+    for name in ("metrics.json", "export/saved_model.pb", "export/classes.json", "logs",
+                 "checkpoints/epoch-001.weights.h5"):
+        assert (work / name).exists(), name
+    assert not (work / "backup").exists()  # removed after a finished fit
+    metrics = json.loads((work / "metrics.json").read_text())
+    valid = metrics["valid"]
+    assert valid["n"] == 4 and all(0.0 <= valid[k] <= 1.0 for k in ("AP", "AP50", "AP75"))
+    assert metrics["train"]["stopped_by"] == "max_steps=2 reached"
+    assert metrics["config"]["num_queries"] == 20 and metrics["config"]["batch_size"] == 2
+    assert metrics["data"]["class_names"] == ["circle", "square", "triangle"]
+    assert "validation: AP" in done.stdout
+
+
+@pytest.mark.slow
+def test_detect_writes_pictures_and_reports_unreadable_images(trained, coco_dir, tmp_path):
+    work, _ = trained
+    (tmp_path / "broken.png").write_bytes(b"this is no image")
+    Image.fromarray(np.zeros((30, 50), np.uint8)).save(tmp_path / "gray.png")
+    out = tmp_path / "out"
+    done = _run("detect.py", "--model", work / "export", "--threshold", 0.0, "--out", out,
+                coco_dir / "0.png", tmp_path / "broken.png", tmp_path / "missing.jpg",
+                tmp_path / "gray.png", coco_dir / "1.png")
+    assert done.returncode == 1, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and "broken.png" in errors[0] and "missing.jpg" in errors[1]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "0.json", "0.png", "1.json", "1.png", "gray.json", "gray.png"]
+    report = json.loads((out / "gray.json").read_text())
+    assert (report["height"], report["width"]) == (30, 50)
+    assert len(report["detections"]) == 20  # threshold 0: every query, best first
+    first = report["detections"][0]
+    assert first["label"] in ("circle", "square", "triangle") and len(first["box"]) == 4
+    scores = [d["score"] for d in report["detections"]]
+    assert scores == sorted(scores, reverse=True)
+    assert Image.open(out / "0.png").format == "PNG"
+    assert _main("detect.py")("--model", work / "export", "--out", out, coco_dir / "0.png") == 0
+    assert json.loads((out / "0.json").read_text())["threshold"] == 0.7  # the default
+
+
+@pytest.mark.slow
+def test_evaluate_scores_every_coco_image(trained, coco_dir):
+    work, _ = trained
+    done = _run("evaluate_detr.py", "--model", work / "export", "--data",
+                f"coco:{coco_dir}:{coco_dir / 'ann.json'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    scores = json.loads(done.stdout.strip().splitlines()[-1])
+    assert scores["n"] == 3 and set(scores) == {"AP", "AP50", "AP75", "n"}
+    assert all(0.0 <= scores[k] <= 1.0 for k in ("AP", "AP50", "AP75"))
+
+
+def _main(script):
+    """The script's ``main`` wrapped in ``run_cli``, run in this process (saves a start-up)."""
+    spec = importlib.util.spec_from_file_location(script[:-3], ROOT / "scripts" / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return lambda *args: run_cli(module.main, [str(a) for a in args])
+
+
+def test_bad_input_is_one_error_line_and_keeps_the_work_directory(tmp_path, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "metrics.json").write_text('{"kept": 1}\n')
+    cases = [
+        ("train_detr.py", "--data", "ftp:x", "--workdir", work),
+        ("train_detr.py", "--data", f"coco:{tmp_path}:{tmp_path / 'none.json'}", "--workdir",
+         work),
+        ("evaluate_detr.py", "--model", tmp_path, "--data", "embedded"),
+        ("detect.py", "--model", tmp_path / "nothing", tmp_path / "x.png"),
+    ]
+    for script, *args in cases:
+        assert _main(script)(*args) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert (work / "metrics.json").read_text() == '{"kept": 1}\n'
+    with pytest.raises(SystemExit) as exit_info:
+        _main("detect.py")("--model", tmp_path, "--threshold", "2", "x.png")
+    assert exit_info.value.code == 2

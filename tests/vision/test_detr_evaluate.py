@@ -1,0 +1,144 @@
+"""COCO AP through pycocotools, the object-limit error, and the detection pictures."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from vision.batching import make_batches
+from vision.config import preset
+from vision.evaluate import coco_evaluate, evaluate_records
+from vision.export import preprocess_images
+from vision.model import build_model
+from vision.plots import cross_attention, draw_detections, plot_query_attention
+from vision.train import object_limit_errors, step_decay, train_detr
+
+# COCO's AP is the mean, over IoU thresholds 0.50:0.05:0.95 and over the categories with
+# ground truth, of the precision interpolated (made non-increasing) at the 101 recall points
+# 0, 0.01, ..., 1, and 0 beyond the highest recall reached. Finding k of n objects, all
+# ranked first, reaches recall points 0 .. k/n: (100 k/n + 1) of the 101 have precision 1.
+HALF_FOUND = 51 / 101
+
+
+def _gt(image_id, boxes, labels, size=(100, 200)):
+    return {"image_id": image_id, "height": size[0], "width": size[1],
+            "boxes": np.array(boxes, "float32").reshape(-1, 4), "labels": np.array(labels)}
+
+
+def _det(image_id, boxes, scores, labels):
+    return {"image_id": image_id, "boxes": np.array(boxes, "float32").reshape(-1, 4),
+            "scores": np.array(scores, "float32"), "labels": np.array(labels)}
+
+
+FOUR = [[10, 10, 30, 30], [50, 10, 80, 40], [100, 50, 150, 90], [160, 20, 190, 60]]
+
+
+def test_perfect_detections_give_ap_one_even_with_low_scored_extra_queries():
+    ground_truth = [_gt(1, FOUR, [0, 1, 1, 2]), _gt(2, FOUR[:2], [2, 0]), _gt(3, [], [])]
+    detections = [
+        _det(g["image_id"], np.concatenate([g["boxes"], [[0, 0, 5, 5]] * 3]),
+             [0.9] * len(g["labels"]) + [0.05, 0.04, 0.03], [*g["labels"], 0, 1, 2])
+        for g in ground_truth
+    ]
+    assert coco_evaluate(ground_truth, detections, num_classes=3) == {
+        "AP": 1.0, "AP50": 1.0, "AP75": 1.0, "n": 3}
+
+
+def test_known_values_from_the_101_point_definition():
+    gt = [_gt(1, FOUR, [0] * 4)]
+    half = coco_evaluate(gt, [_det(1, FOUR[:2], [0.9, 0.8], [0, 0])])
+    for key in ("AP", "AP50", "AP75"):
+        assert half[key] == pytest.approx(HALF_FOUND, abs=1e-6)
+    # A false positive ranked above the two hits: precision 1/2 then 2/3, interpolated to 2/3.
+    ranked = coco_evaluate(gt, [_det(1, [[0, 80, 9, 99]] + FOUR[:2], [0.95, 0.9, 0.8], [0] * 3)])
+    assert ranked["AP"] == pytest.approx(HALF_FOUND * 2 / 3, abs=1e-6)
+    # IoU 0.62: a hit at thresholds 0.50, 0.55, 0.60 only.
+    loose = coco_evaluate([_gt(1, [[0, 0, 100, 100]], [0])],
+                          [_det(1, [[0, 0, 100, 62]], [0.9], [0])])
+    assert (loose["AP50"], loose["AP75"]) == (1.0, 0.0)
+    assert loose["AP"] == pytest.approx(0.3, abs=1e-6)
+    # Categories are averaged: class 0 all found, class 1 half found.
+    two = coco_evaluate([_gt(1, FOUR, [0, 0, 1, 1]), _gt(2, FOUR[:2], [1, 1])],
+                        [_det(1, FOUR, [0.9] * 4, [0, 0, 1, 1])])
+    assert two["AP"] == pytest.approx((1 + HALF_FOUND) / 2, abs=1e-6) and two["n"] == 2
+    # Nothing detected: 0; nothing to detect: None (COCO's -1).
+    assert coco_evaluate(gt, [])["AP"] == 0.0
+    assert coco_evaluate([_gt(1, [], [])], [], num_classes=2)["AP"] is None
+    with pytest.raises(ValueError, match="image_id=\\[9\\]"):
+        coco_evaluate(gt, [_det(9, FOUR[:1], [0.9], [0])])
+
+
+def test_evaluate_records_groups_same_size_images():
+    sizes = [(20, 30), (20, 30), (40, 10), (20, 30)]
+    records = [{"image": np.full((h, w, 3), i % 2, np.uint8), "image_id": i,
+                "boxes": np.array([[1, 2, 8, 9]], "float32"), "labels": np.array([i % 2])}
+               for i, (h, w) in enumerate(sizes)]
+    calls = []
+
+    def oracle(images):  # the true box and label (written in the pixels), and a wrong box
+        calls.append(images.shape)
+        labels = images[:, 0, 0, 0].astype("int32")
+        return {"boxes": np.tile([[[1, 2, 8, 9], [0, 0, 3, 3]]], (len(images), 1, 1)),
+                "scores": np.tile([[0.9, 0.1]], (len(images), 1)),
+                "labels": np.stack([labels, 1 - labels], axis=1)}
+
+    scores = evaluate_records(oracle, records, batch_size=2, progress=False)
+    assert calls == [(2, 20, 30, 3), (1, 40, 10, 3), (1, 20, 30, 3)]
+    assert scores == {"AP": 1.0, "AP50": 1.0, "AP75": 1.0, "n": 4}
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(records[:2]), output_signature={
+            "image": tf.TensorSpec([None, None, 3], tf.uint8),
+            "image_id": tf.TensorSpec([], tf.int64), "boxes": tf.TensorSpec([None, 4]),
+            "labels": tf.TensorSpec([None], tf.int64)})
+    assert evaluate_records(oracle, dataset, limit=1, progress=False)["n"] == 1
+
+
+def test_too_many_objects_become_a_value_error(tmp_path):
+    record = {"image": np.zeros((16, 16, 3), np.uint8), "image_id": 7,
+              "boxes": np.array([[0, 0, 4, 4]] * 3, "float32"), "labels": np.zeros(3, "int32")}
+    records = tf.data.Dataset.from_generator(lambda: iter([record]), output_signature={
+        "image": tf.TensorSpec([None, None, 3], tf.uint8), "image_id": tf.TensorSpec([], tf.int64),
+        "boxes": tf.TensorSpec([None, 4]), "labels": tf.TensorSpec([None], tf.int32)})
+    batches = make_batches(records, batch_size=1, max_objects=2, image_size=16)
+    with pytest.raises(ValueError, match="Image id 7 has 3 objects, more than max_objects=2"):
+        with object_limit_errors(2):
+            list(batches)
+    # Sources that know their counts fail before training, naming the file.
+    Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
+    ann = {"images": [{"id": 1, "file_name": "a.png", "width": 32, "height": 32}],
+           "categories": [{"id": 1, "name": "dot"}],
+           "annotations": [{"id": i + 1, "image_id": 1, "category_id": 1,
+                            "bbox": [i, i, 2, 2]} for i in range(3)]}
+    (tmp_path / "ann.json").write_text(json.dumps(ann))
+    with pytest.raises(ValueError, match="a.png.*3 objects, more than max_objects=2"):
+        train_detr(f"coco:{tmp_path}:{tmp_path / 'ann.json'}", str(tmp_path / "run"),
+                   config_overrides={"num_queries": 2}, valid_fraction=0.0, log=lambda *a: None)
+
+
+def test_step_decay_is_detr_steplr():
+    schedule = step_decay(2e-4, 3)
+    assert [schedule(e) for e in range(5)] == pytest.approx([2e-4] * 3 + [2e-5] * 2)
+
+
+SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32),
+             num_encoder_layers=1, num_decoder_layers=2)
+
+
+def test_cross_attention_pass_equals_the_model_and_pictures_are_written(tmp_path):
+    model = build_model(preset("tiny", **SMALL), 3)
+    image = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    inputs, _ = preprocess_images(image[None], 40, 60)
+    outputs, weights, (rows, cols) = cross_attention(model, inputs)
+    want = model(inputs)
+    for key in ("pred_logits", "pred_boxes"):
+        np.testing.assert_allclose(np.asarray(outputs[key]), np.asarray(want[key]), atol=1e-5)
+    assert weights.shape == (2, 1, 4, 6, rows * cols) and (rows, cols) == (3, 4)  # 40x53 / 16
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    path = plot_query_attention(model, image, tmp_path / "attention.png", 40, 60,
+                                class_names=["a", "b", "c"])
+    assert Image.open(path).size[0] > Image.open(path).size[1]  # two panels side by side
+    path = draw_detections(image, [[1, 2, 30, 40], [5, 5, 9, 9]], [0.9, 0.2], [0, 2],
+                           ["a", "b", "c"], tmp_path / "boxes.png", threshold=0.5, title="x")
+    assert Image.open(path).format == "PNG"

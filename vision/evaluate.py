@@ -1,0 +1,167 @@
+"""COCO AP / AP50 / AP75 of a detector, computed by ``pycocotools`` (never a hand-written mAP).
+
+Ground truth and detections are converted to COCO format in memory (boxes ``[x, y, w, h]``
+in pixels, one category per label, annotation ids from 1) and scored by ``COCOeval``: AP is
+the mean over IoU thresholds 0.50:0.05:0.95 of the 101-point interpolated precision, over
+the categories that have ground truth, with at most 100 detections per image.
+
+Two ways in:
+
+- `coco_evaluate(ground_truth, detections)`: per-image dicts of boxes you already have
+  (for instance `vision.postprocess.postprocess` outputs scaled to the original images);
+- `evaluate_records(detect, records)`: runs ``detect`` (uint8 images -> boxes/scores/labels,
+  e.g. `vision.export.make_detect_fn` in process or a loaded `vision.export.Detector`) over
+  a split's records (`vision.data.DetectionSource.records`) and scores it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import keras
+import numpy as np
+
+__all__ = ["coco_evaluate", "evaluate_records", "to_coco"]
+
+
+def _xywh(boxes) -> np.ndarray:
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+
+
+def to_coco(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
+            num_classes: int | None = None) -> tuple[dict, list[dict]]:
+    """COCO-format ground truth (a dataset dict) and results (a list) of per-image dicts.
+
+    Args:
+        ground_truth: one dict per image: ``image_id`` int, ``height``, ``width``, ``boxes``
+            ``(N, 4)`` xyxy pixels, ``labels`` ``(N,)`` int in ``[0, C)``.
+        detections: dicts with ``image_id``, ``boxes`` ``(Q, 4)`` xyxy pixels, ``scores``
+            ``(Q,)``, ``labels`` ``(Q,)``; optionally ``keep`` ``(Q,)`` bool.
+        num_classes: ``C`` (default: one more than the largest label seen).
+
+    Returns:
+        ``(dataset, results)`` in the formats ``pycocotools`` reads.
+    """
+    if num_classes is None:
+        labels = [np.asarray(x["labels"]).reshape(-1) for x in [*ground_truth, *detections]]
+        num_classes = int(max((int(v.max()) for v in labels if v.size), default=-1)) + 1
+    images, annotations = [], []
+    for item in ground_truth:
+        images.append({"id": int(item["image_id"]), "height": int(item["height"]),
+                       "width": int(item["width"])})
+        for box, label in zip(_xywh(item["boxes"]), np.asarray(item["labels"]).reshape(-1)):
+            annotations.append({
+                "id": len(annotations) + 1,  # pycocotools treats id 0 as "unmatched"
+                "image_id": int(item["image_id"]), "category_id": int(label),
+                "bbox": [float(v) for v in box], "area": float(box[2] * box[3]), "iscrowd": 0,
+            })
+    dataset = {"images": images, "annotations": annotations,
+               "categories": [{"id": i, "name": str(i)} for i in range(num_classes)]}
+    results = []
+    for item in detections:
+        keep = np.asarray(item.get("keep", True), bool)
+        boxes = _xywh(item["boxes"])
+        scores = np.asarray(item["scores"], np.float64).reshape(-1)
+        labels = np.asarray(item["labels"]).reshape(-1)
+        for i in np.flatnonzero(np.broadcast_to(keep, scores.shape)):
+            results.append({"image_id": int(item["image_id"]), "category_id": int(labels[i]),
+                            "bbox": [float(v) for v in boxes[i]], "score": float(scores[i])})
+    return dataset, results
+
+
+def coco_evaluate(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
+                  num_classes: int | None = None) -> dict:
+    """COCO box AP of ``detections`` against ``ground_truth`` (formats as `to_coco`).
+
+    Returns:
+        ``{"AP", "AP50", "AP75", "n"}``: floats in [0, 1] (None when there is no ground-truth
+        box at all, where COCO reports -1) and the number of images.
+    """
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    dataset, results = to_coco(ground_truth, detections, num_classes)
+    known = {image["id"] for image in dataset["images"]}
+    unknown = sorted({r["image_id"] for r in results} - known)
+    if unknown:
+        raise ValueError(f"Detections name images without ground truth: image_id={unknown[:5]}")
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+        gt = COCO()
+        gt.dataset = dataset
+        gt.createIndex()
+        if results:
+            dt = gt.loadRes(results)
+        else:  # loadRes cannot take an empty list
+            dt = COCO()
+            dt.dataset = {**dataset, "annotations": []}
+            dt.createIndex()
+        evaluator = COCOeval(gt, dt, iouType="bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    stats = [None if v < 0 else round(float(v), 6) for v in evaluator.stats[:3]]
+    return {"AP": stats[0], "AP50": stats[1], "AP75": stats[2], "n": len(dataset["images"])}
+
+
+def _same_size_batches(records: Iterable[Mapping], batch_size: int):
+    """Groups consecutive records whose images have the same size (the detector takes one
+    ``(B, H, W, 3)`` array)."""
+    batch: list[Mapping] = []
+    for record in records:
+        if batch and (len(batch) == batch_size
+                      or batch[0]["image"].shape != record["image"].shape):
+            yield batch
+            batch = []
+        batch.append(record)
+    if batch:
+        yield batch
+
+
+def evaluate_records(detect: Callable, records, batch_size: int = 8, limit: int | None = None,
+                     num_classes: int | None = None, progress: bool | None = None) -> dict:
+    """Runs ``detect`` over every record and returns its COCO AP (`coco_evaluate`).
+
+    Args:
+        detect: ``images (B, H, W, 3) uint8 -> {"boxes" (B, Q, 4) xyxy pixels of those
+            images, "scores" (B, Q), "labels" (B, Q)}`` (tensors or arrays).
+        records: a `tf.data.Dataset` (or iterable) of records ``{"image" (H, W, 3) uint8,
+            "boxes" (N, 4) xyxy pixels, "labels" (N,), "image_id"}``, as
+            `vision.data.DetectionSource.records` gives.
+        batch_size: most images per ``detect`` call (consecutive images of one size).
+        limit: score at most this many images.
+        num_classes: number of classes (default: inferred from the labels).
+        progress: show a progress bar on stderr (default: when stderr is a terminal).
+
+    Returns:
+        ``{"AP", "AP50", "AP75", "n"}``.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
+    total = limit
+    if hasattr(records, "as_numpy_iterator"):
+        records = records.take(limit) if limit is not None else records
+        total = int(records.cardinality()) if int(records.cardinality()) >= 0 else None
+        records = records.as_numpy_iterator()
+    elif limit is not None:
+        records = (r for i, r in zip(range(limit), records))
+    progress = sys.stderr.isatty() if progress is None else progress
+    bar = keras.utils.Progbar(total, unit_name="image") if progress else None
+    ground_truth, detections = [], []
+    for batch in _same_size_batches(records, batch_size):
+        images = np.stack([np.asarray(r["image"], np.uint8) for r in batch])
+        out = {k: keras.ops.convert_to_numpy(v) for k, v in detect(images).items()}
+        for i, record in enumerate(batch):
+            image_id = int(record["image_id"])
+            ground_truth.append({"image_id": image_id, "height": images.shape[1],
+                                 "width": images.shape[2], "boxes": record["boxes"],
+                                 "labels": record["labels"]})
+            detections.append({"image_id": image_id, "boxes": out["boxes"][i],
+                               "scores": out["scores"][i], "labels": out["labels"][i]})
+        if bar is not None:
+            with contextlib.redirect_stdout(sys.stderr):
+                bar.add(len(batch))
+    return coco_evaluate(ground_truth, detections, num_classes)

@@ -1,0 +1,225 @@
+"""The exported detector: a SavedModel from raw images to boxes, scores and labels.
+
+Preprocessing (resize like evaluation, ImageNet normalization, padding + validity mask), the
+model and post-processing are one graph of core TensorFlow ops, so the SavedModel runs in a
+process that has only ``tensorflow`` (and under ``saved_model_cli``)::
+
+    import tensorflow as tf
+
+    detector = tf.saved_model.load("DIR/export")
+    out = detector.signatures["serving_default"](images=tf.zeros([1, 480, 640, 3], tf.uint8))
+    out["boxes"], out["scores"], out["labels"]  # (1, Q, 4) xyxy pixels, (1, Q), (1, Q)
+
+    data = tf.io.read_file("photo.jpg")
+    out = detector.signatures["serving_bytes"](image_bytes=tf.stack([data]))
+
+``DIR/export/classes.json`` holds ``{"class_names": [...], "category_ids": [...] | null}``:
+label ``i`` is ``class_names[i]`` (and COCO category ``category_ids[i]`` for ``coco:`` data).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from vision.augment import normalize_image, resized_shape
+from vision.postprocess import postprocess
+
+__all__ = [
+    "Detector", "decode_and_preprocess", "export_detector", "load_detector", "make_detect_fn",
+    "preprocess_images",
+]
+
+CLASSES_FILE = "classes.json"
+IMAGES_SPEC = tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")
+BYTES_SPEC = tf.TensorSpec([None], tf.string, name="image_bytes")
+
+
+def preprocess_images(images, image_size: int, max_size: int | None) -> tuple[dict, tf.Tensor]:
+    """Model inputs of a batch of same-size images, as the evaluation pipeline makes them.
+
+    Args:
+        images: ``(B, H, W, 3)`` uint8.
+        image_size: shorter side after resizing (``DetrConfig.image_size``).
+        max_size: cap on the longer side (``DetrConfig.max_image_size``).
+
+    Returns:
+        ``({"images": (B, H', W', 3) float32, "mask": (B, H', W') bool}, sizes (B, 2) int32)``
+        with ``sizes`` the original ``(H, W)`` of each image.
+    """
+    shape = tf.shape(images)
+    height, width = resized_shape(shape[1], shape[2], image_size, max_size)
+    resized = tf.image.resize(images, tf.stack([height, width]), antialias=True)
+    mask = tf.ones(tf.stack([shape[0], height, width]), tf.bool)
+    sizes = tf.tile(shape[None, 1:3], [shape[0], 1])  # (B, 2)
+    return {"images": normalize_image(resized), "mask": mask}, sizes
+
+
+def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
+    """Decodes encoded images (JPEG, PNG, GIF, BMP, WebP) of any sizes into one padded batch.
+
+    Each image is decoded to RGB (grayscale and RGBA converted, first GIF frame), resized and
+    normalized on its own, then the batch is zero-padded to the largest one, with the mask
+    marking real pixels, exactly as ``vision.batching.make_batches`` pads.
+
+    Args:
+        image_bytes: ``(B,)`` tf.string.
+
+    Returns:
+        As `preprocess_images`.
+    """
+    def one(data):
+        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        shape = tf.shape(image)
+        height, width = resized_shape(shape[0], shape[1], image_size, max_size)
+        resized = tf.image.resize(image, tf.stack([height, width]), antialias=True)
+        image = tf.RaggedTensor.from_tensor(normalize_image(resized), ragged_rank=1)
+        return image, shape[:2], tf.stack([height, width])
+
+    ragged, sizes, resized_sizes = tf.map_fn(one, image_bytes, fn_output_signature=(
+        tf.RaggedTensorSpec([None, None, 3], tf.float32, ragged_rank=1),
+        tf.TensorSpec([2], tf.int32), tf.TensorSpec([2], tf.int32)))
+    images = ragged.to_tensor()  # (B, H', W', 3): zero-padded to the largest image
+    shape = tf.shape(images)
+    rows = tf.range(shape[1])[None, :, None] < resized_sizes[:, None, None, 0]  # (B, H', 1)
+    cols = tf.range(shape[2])[None, None, :] < resized_sizes[:, None, None, 1]  # (B, 1, W')
+    return {"images": images, "mask": tf.logical_and(rows, cols)}, sizes
+
+
+def _detections(model, inputs: dict, sizes) -> dict:
+    post = postprocess(model(inputs, training=False), sizes)
+    return {"boxes": post["boxes"], "scores": post["scores"], "labels": post["labels"]}
+
+
+def _serving(model, image_size: int, max_size: int | None, from_bytes: bool) -> Callable:
+    prepare = decode_and_preprocess if from_bytes else preprocess_images
+
+    def detect(images):
+        return _detections(model, *prepare(images, image_size, max_size))
+
+    return detect
+
+
+def make_detect_fn(model, image_size: int, max_size: int | None, from_bytes: bool = False
+                   ) -> Callable:
+    """The exported computation, for use in process: raw images -> detections of every query.
+
+    Args:
+        model: a `vision.model.DETR`.
+        image_size, max_size: the resize of `preprocess_images`.
+        from_bytes: take ``(B,)`` encoded images instead of ``(B, H, W, 3)`` uint8.
+
+    Returns:
+        A `tf.function` returning ``{"boxes": (B, Q, 4) xyxy pixels of the input image,
+        "scores": (B, Q), "labels": (B, Q) int32}``.
+    """
+    return tf.function(_serving(model, image_size, max_size, from_bytes),
+                       input_signature=[BYTES_SPEC if from_bytes else IMAGES_SPEC])
+
+
+def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
+                    image_size: int, max_size: int | None,
+                    category_ids: Sequence[int] | None = None) -> str:
+    """Writes the ``Detector`` SavedModel and ``classes.json``.
+
+    Signatures: ``serving_default`` (``images`` uint8 ``(B, H, W, 3)``) and ``serving_bytes``
+    (``image_bytes`` tf.string ``(B,)``), both returning ``boxes`` ``(B, Q, 4)`` float32 xyxy
+    pixels of each input image, ``scores`` ``(B, Q)`` float32 and ``labels`` ``(B, Q)`` int32.
+    Every query is returned; apply a score threshold downstream.
+
+    The export is written next to ``path`` and moved into place at the end, so a failed
+    export never leaves a half-written directory in place of a good one.
+
+    Args:
+        model: a trained `vision.model.DETR`.
+        path: output directory (replaced if it exists).
+        class_names: name of each label.
+        image_size, max_size: the evaluation resize (``DetrConfig.image_size``,
+            ``max_image_size``).
+        category_ids: COCO category id of each label, if any.
+
+    Returns:
+        ``path`` as a string.
+    """
+    if len(class_names) != model.num_classes:
+        raise ValueError(f"`class_names` must name the model's {model.num_classes} classes. "
+                         f"Received: {len(class_names)} names")
+    path = os.fspath(path)
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
+    try:
+        archive = keras.export.ExportArchive()
+        archive.track(model)
+        for name, from_bytes in (("serving_default", False), ("serving_bytes", True)):
+            archive.add_endpoint(
+                name=name, fn=_serving(model, image_size, max_size, from_bytes),
+                input_signature=[BYTES_SPEC if from_bytes else IMAGES_SPEC],
+            )
+        archive.write_out(tmp, verbose=False)
+        with open(os.path.join(tmp, CLASSES_FILE), "w", encoding="utf-8") as f:
+            json.dump({"class_names": list(class_names),
+                       "category_ids": None if category_ids is None else list(category_ids)},
+                      f, indent=2)
+        old = None
+        if os.path.exists(path):
+            old = tempfile.mkdtemp(prefix=".export-old-", dir=parent)
+            os.replace(path, os.path.join(old, "export"))
+        os.replace(tmp, path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+class Detector:
+    """A loaded ``Detector`` SavedModel (see `load_detector`).
+
+    Attributes:
+        path: the export directory.
+        class_names: name of each label.
+        category_ids: COCO category id of each label, or None.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        if not os.path.isfile(os.path.join(self.path, "saved_model.pb")):
+            raise ValueError(f"No exported detector at {self.path!r} (expected DIR/export, a "
+                             "SavedModel written by train_detr.py).")
+        classes = os.path.join(self.path, CLASSES_FILE)
+        if not os.path.isfile(classes):
+            raise ValueError(f"{classes} is missing: the export has no class names.")
+        with open(classes, encoding="utf-8") as f:
+            info = json.load(f)
+        self.class_names = tuple(info["class_names"])
+        self.category_ids = info.get("category_ids")
+        loaded = tf.saved_model.load(self.path)
+        self._images = loaded.signatures["serving_default"]
+        self._bytes = loaded.signatures["serving_bytes"]
+
+    def __call__(self, images) -> dict[str, np.ndarray]:
+        """Detections of ``(B, H, W, 3)`` uint8 images: boxes, scores, labels as NumPy."""
+        images = tf.convert_to_tensor(images)
+        if images.dtype != tf.uint8 or images.shape.rank != 4 or images.shape[-1] != 3:
+            raise ValueError("`images` must be uint8 of shape (B, H, W, 3). Received: "
+                             f"dtype={images.dtype.name}, shape={tuple(images.shape)}")
+        return {k: v.numpy() for k, v in self._images(images=images).items()}
+
+    def detect_bytes(self, image_bytes: Sequence[bytes]) -> dict[str, np.ndarray]:
+        """Detections of encoded images (any sizes); raises `tf.errors.InvalidArgumentError`
+        for data that is not a decodable image."""
+        data = tf.constant(list(image_bytes), tf.string, shape=[len(image_bytes)])
+        return {k: v.numpy() for k, v in self._bytes(image_bytes=data).items()}
+
+
+def load_detector(path: str | os.PathLike) -> Detector:
+    """Loads ``DIR/export``; raises ValueError naming the path when it is not an export."""
+    return Detector(path)
