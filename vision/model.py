@@ -173,6 +173,15 @@ class DETR(keras.Model):
         return list(self.backbone.trainable_variables)
 
     def call(self, inputs, training=None):
+        return self.forward(inputs, training=training)[0]
+
+    def forward(self, inputs, training=None, return_cross_attention: bool = False):
+        """The forward pass of ``call``, optionally with the decoder's cross-attention.
+
+        Returns:
+            ``(outputs, weights, (h, w))``: ``outputs`` as ``call``; ``weights``
+            ``(L, B, heads, Q, h * w)`` or ``None``; ``(h, w)`` the feature-map size.
+        """
         if not isinstance(inputs, dict) or "images" not in inputs:
             raise ValueError(
                 "`inputs` must be a dict with 'images' (B, H, W, 3) and optionally 'mask' "
@@ -197,16 +206,17 @@ class DETR(keras.Model):
 
         query_pos = ops.cast(self.query_embed, self.compute_dtype)[None]  # (1, Q, d)
         query_pos = ops.repeat(query_pos, batch, axis=0)  # (B, Q, d)
-        hs = self.decoder(
+        decoded = self.decoder(
             ops.zeros_like(query_pos), memory, memory_mask=memory_mask, query_pos=query_pos,
-            memory_pos=pos, training=training,
-        )  # (L, B, Q, d)
+            memory_pos=pos, return_cross_attention=return_cross_attention, training=training,
+        )  # (L, B, Q, d) [, (L, B, heads, Q, S)]
+        hs, weights = decoded if return_cross_attention else (decoded, None)
         logits = ops.cast(self.class_head(hs), "float32")  # (L, B, Q, C + 1)
         boxes = hs
         for layer in self.box_head:
             boxes = layer(boxes)
         boxes = ops.sigmoid(ops.cast(boxes, "float32"))  # (L, B, Q, 4)
-        return {
+        outputs = {
             "pred_logits": logits[-1],
             "pred_boxes": boxes[-1],
             "aux_outputs": [
@@ -214,6 +224,7 @@ class DETR(keras.Model):
                 for i in range(self.num_decoder_layers - 1)
             ],
         }
+        return outputs, weights, (shape[1], shape[2])
 
     # --- training ----------------------------------------------------------------------------
 

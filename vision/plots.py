@@ -8,8 +8,6 @@ from collections.abc import Sequence
 import numpy as np
 from keras import ops
 
-from vision.model import resize_mask
-
 __all__ = ["cross_attention", "draw_detections", "plot_query_attention"]
 
 
@@ -77,8 +75,7 @@ def draw_detections(image: np.ndarray, boxes, scores, labels,
 
 
 def cross_attention(model, inputs: dict) -> tuple[dict, np.ndarray, tuple[int, int]]:
-    """DETR's forward pass (as `vision.model.DETR.call`, inference mode) with the decoder's
-    cross-attention weights.
+    """DETR's forward pass in inference mode with the decoder's cross-attention weights.
 
     Args:
         model: a `vision.model.DETR`.
@@ -90,26 +87,12 @@ def cross_attention(model, inputs: dict) -> tuple[dict, np.ndarray, tuple[int, i
         is each decoder layer's attention of each query over the feature map cells (row-major
         over the ``(h, w)`` grid of stride ``model.backbone.stride``).
     """
-    images, valid = inputs["images"], ops.cast(inputs["mask"], "bool")
-    features = model.backbone(images, valid=valid, training=False)  # (B, h, w, C)
-    batch, height, width = (int(v) for v in features.shape[:3])
-    d = model.hidden_dim
-    feature_valid = resize_mask(valid, height, width)  # (B, h, w)
-    pos = ops.reshape(model.position(feature_valid), (batch, -1, d))  # (B, S, d)
-    x = ops.reshape(model.input_proj(features), (batch, -1, d))  # (B, S, d)
-    memory_mask = ops.reshape(feature_valid, (batch, -1))  # (B, S)
-    memory = model.encoder(x, padding_mask=memory_mask, pos=pos, training=False)
-    query_pos = ops.repeat(ops.cast(model.query_embed, model.compute_dtype)[None], batch, 0)
-    hs, weights = model.decoder(
-        ops.zeros_like(query_pos), memory, memory_mask=memory_mask, query_pos=query_pos,
-        memory_pos=pos, return_cross_attention=True, training=False,
-    )  # (L, B, Q, d), (L, B, heads, Q, S)
-    boxes = hs[-1]
-    for layer in model.box_head:
-        boxes = layer(boxes)
-    outputs = {"pred_logits": ops.cast(model.class_head(hs[-1]), "float32"),
-               "pred_boxes": ops.sigmoid(ops.cast(boxes, "float32"))}
-    return outputs, ops.convert_to_numpy(ops.cast(weights, "float32")), (height, width)
+    outputs, weights, (height, width) = model.forward(
+        inputs, training=False, return_cross_attention=True
+    )
+    outputs = {k: outputs[k] for k in ("pred_logits", "pred_boxes")}
+    weights = ops.convert_to_numpy(ops.cast(weights, "float32"))
+    return outputs, weights, (int(height), int(width))
 
 
 def plot_query_attention(model, image: np.ndarray, path: str | os.PathLike, image_size: int,
