@@ -9,6 +9,7 @@ from tfx_transformer.position import (
     LearnedPositionEmbedding,
     SinePositionEmbedding2D,
     SinusoidalPositionEncoding,
+    sine_features,
 )
 from tfx_transformer.schedules import NoamSchedule
 
@@ -29,4 +30,5 @@ __all__ = [
     "merge_masks",
     "padding_mask",
     "scaled_dot_product_attention",
+    "sine_features",
 ]

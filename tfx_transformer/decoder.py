@@ -23,6 +23,13 @@ def _self_mask(mask):
     return ops.cast(mask, "bool")[:, None, :]
 
 
+def _memory_mask(memory_mask):
+    """(B, S) or (B, T, S) validity -> attention mask broadcastable to (B, T, S), or None."""
+    if memory_mask is None or len(memory_mask.shape) == 3:
+        return memory_mask
+    return _key_mask(memory_mask)
+
+
 @keras.saving.register_keras_serializable(package="tfx_transformer")
 class TransformerDecoderLayer(ResidualBlockLayer):
     """Self-attention, cross-attention over ``memory``, then feed-forward.
@@ -35,7 +42,8 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         x: ``(B, T, d)``.
         memory: ``(B, S, d_m)``; may be ``None`` when ``cross_attention_cache`` is given.
         self_attention_mask: boolean ``(B, T)`` key validity or ``(B, T, T)``.
-        memory_mask: boolean ``(B, S)``, ``True`` = valid source position.
+        memory_mask: boolean ``(B, S)``, ``True`` = valid source position, or ``(B, T, S)``
+            per query position.
         query_pos: ``(B, T, d)`` or ``None``.
         memory_pos: ``(B, S, d_m)`` or ``None``.
         use_causal_mask: forbid attending to later target positions.
@@ -109,7 +117,7 @@ class TransformerDecoderLayer(ResidualBlockLayer):
             else:
                 value, key, cross_cache = q, None, cross_attention_cache
             out = self.cross_attention(
-                q, value, key, attention_mask=_key_mask(memory_mask),
+                q, value, key, attention_mask=_memory_mask(memory_mask),
                 return_attention_scores=return_cross_attention, training=training,
                 cache=cross_cache,
             )

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import keras
 from keras import ops
 
-__all__ = ["SinusoidalPositionEncoding", "LearnedPositionEmbedding", "SinePositionEmbedding2D"]
+__all__ = [
+    "SinusoidalPositionEncoding", "LearnedPositionEmbedding", "SinePositionEmbedding2D",
+    "sine_features",
+]
 
 _LAYOUTS = ("interleaved", "concat")
 
@@ -126,6 +130,31 @@ class LearnedPositionEmbedding(keras.layers.Layer):
         return config
 
 
+def sine_features(values: Any, num_feats: int, temperature: float = 10000.0) -> Any:
+    """DETR's sine features of each coordinate, concatenated.
+
+    Each coordinate ``v`` gives ``num_feats`` channels ``sin/cos(v / temperature^(2⌊j/2⌋ /
+    num_feats))`` (sine on even ``j``, cosine on odd ``j``), as in `SinePositionEmbedding2D`.
+    Used for the embedding of feature-map positions and of points such as DETR anchors (scale
+    the points by ``2π`` to match a normalized `SinePositionEmbedding2D`).
+
+    Args:
+        values: ``(..., K)`` float coordinates.
+        num_feats: channels per coordinate.
+        temperature: the base of the frequencies.
+
+    Returns:
+        ``(..., K * num_feats)`` float32: the features of coordinate 0, then 1, ...
+    """
+    values = ops.cast(values, "float32")
+    j = ops.arange(num_feats, dtype="float32")
+    dim_t = ops.power(temperature, 2.0 * ops.floor(j / 2.0) / num_feats)  # (F,)
+    is_even = ops.equal(ops.mod(ops.arange(num_feats), 2), 0)  # (F,)
+    angles = values[..., None] / dim_t  # (..., K, F)
+    features = ops.where(is_even, ops.sin(angles), ops.cos(angles))
+    return ops.reshape(features, (*ops.shape(values)[:-1], -1))  # (..., K * F)
+
+
 @keras.saving.register_keras_serializable(package="tfx_transformer")
 class SinePositionEmbedding2D(keras.layers.Layer):
     """DETR's 2-D sine position embedding computed from a pixel validity mask.
@@ -181,16 +210,8 @@ class SinePositionEmbedding2D(keras.layers.Layer):
             eps = 1e-6
             y = y / (y[:, -1:, :] + eps) * self.scale
             x = x / (x[:, :, -1:] + eps) * self.scale
-        j = ops.arange(self.num_pos_feats, dtype="float32")
-        dim_t = ops.power(self.temperature, 2.0 * ops.floor(j / 2.0) / self.num_pos_feats)
-        is_even = ops.equal(ops.mod(ops.arange(self.num_pos_feats), 2), 0)  # (F,)
-
-        def embed(v):
-            a = v[..., None] / dim_t  # (B, H, W, F)
-            return ops.where(is_even, ops.sin(a), ops.cos(a))
-
-        pos = ops.concatenate([embed(y), embed(x)], axis=-1)  # (B, H, W, 2F)
-        return ops.cast(pos, self.compute_dtype)
+        embed = sine_features(ops.stack([y, x], axis=-1), self.num_pos_feats, self.temperature)
+        return ops.cast(embed, self.compute_dtype)  # (B, H, W, 2F): y features, then x
 
     def compute_output_shape(self, valid_shape):
         return (*valid_shape, 2 * self.num_pos_feats)

@@ -39,6 +39,10 @@ class DetrConfig:
     dropout: float = 0.1
     num_queries: int = 100  # upper bound on detections per image
     norm_first: bool = False  # post-norm, as DETR's default (pre_norm=False)
+    # Convergence aids (off in DETR): a learned reference point per query that positions
+    # its query and its box centre, and cross-attention limited to a window around it.
+    reference_points: bool = False
+    attention_radius: float | None = None
 
     # Loss (SetCriterion) and matching (HungarianMatcher).
     aux_loss: bool = True  # also supervise every earlier decoder layer

@@ -19,13 +19,18 @@ from typing import Any, Callable
 import keras
 from keras import ops
 
-from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, TransformerEncoder
+from tfx_transformer import (
+    SinePositionEmbedding2D,
+    TransformerDecoder,
+    TransformerEncoder,
+    sine_features,
+)
 from vision.backbone import build_backbone
 from vision.losses import SetCriterion
 from vision.matcher import HungarianMatcher
 from vision.optimizer import DetrAdamW
 
-__all__ = ["DETR", "build_criterion", "build_model", "resize_mask"]
+__all__ = ["DETR", "build_criterion", "build_model", "reset_transformer_parameters", "resize_mask"]
 
 _LOSS_TERMS = ("loss_ce", "loss_bbox", "loss_giou")
 
@@ -47,6 +52,36 @@ def resize_mask(valid: Any, height: Any, width: Any) -> Any:
     rows = ops.floor_divide(ops.arange(height, dtype="int32") * shape[1], height)  # (height,)
     cols = ops.floor_divide(ops.arange(width, dtype="int32") * shape[2], width)  # (width,)
     return ops.take(ops.take(valid, rows, axis=1), cols, axis=2)
+
+
+def reset_transformer_parameters(stack) -> None:
+    """Re-initializes a Transformer stack as DETR's ``Transformer._reset_parameters`` does.
+
+    DETR applies ``xavier_uniform_`` to every PyTorch weight matrix of its Transformer. Keras
+    computes the fans of the 3-D attention kernels ``(d, H, k)`` as if they were conv kernels,
+    which makes them about 3x smaller (and the attention logits about 9x flatter) than
+    DETR's. Here each kernel gets the bound of its PyTorch matrix: the packed query/key/value
+    projection ``(3d, d)`` gives ``sqrt(6 / 4d)``, the output projection ``(d, d)``
+    ``sqrt(6 / 2d)``, the feed-forward ``(f, d)``/``(d, f)`` ``sqrt(6 / (d + f))``. Biases keep
+    PyTorch's values: zero in attention, ``U(+-1/sqrt(fan_in))`` in the feed-forward layers.
+    """
+    def uniform(variable, bound):
+        variable.assign(keras.random.uniform(variable.shape, -bound, bound, variable.dtype))
+
+    for layer in stack.layers:
+        for name in ("self_attention", "cross_attention"):
+            attention = getattr(layer, name, None)
+            if attention is None:
+                continue
+            d = attention.query_dense.kernel.shape[0]
+            for dense in (attention.query_dense, attention.key_dense, attention.value_dense):
+                uniform(dense.kernel, math.sqrt(6.0 / (4 * d)))
+            out = attention.output_dense.kernel
+            uniform(out, math.sqrt(6.0 / (out.shape[0] * out.shape[1] + out.shape[2])))
+        for dense in (layer.feedforward.inner, layer.feedforward.outer):
+            fan_in, fan_out = dense.kernel.shape
+            uniform(dense.kernel, math.sqrt(6.0 / (fan_in + fan_out)))
+            uniform(dense.bias, 1.0 / math.sqrt(fan_in))
 
 
 def _torch_linear_init(fan_in: int) -> dict:
@@ -73,6 +108,13 @@ class DETR(keras.Model):
         dropout: Transformer dropout.
         num_queries: object queries ``Q``.
         norm_first: pre-norm Transformer when True (DETR's default is post-norm).
+        reference_points: when True, each query has a learned reference point ``(cx, cy)``
+            (initialized on a grid over the image); its position embedding is an MLP of the
+            point's sine features (as DAB-/Conditional DETR), and the predicted box centre is
+            an offset from the point in logit space. DETR's learned ``query_pos`` otherwise.
+        attention_radius: with ``reference_points``, limits each query's cross-attention to
+            the feature cells within this distance (normalized image coordinates, per axis)
+            of its reference point. ``None``: the whole image.
         **kwargs: base model arguments.
 
     Call arguments:
@@ -98,9 +140,20 @@ class DETR(keras.Model):
         dropout: float = 0.1,
         num_queries: int = 100,
         norm_first: bool = False,
+        reference_points: bool = False,
+        attention_radius: float | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if attention_radius is not None and (
+            not reference_points or isinstance(attention_radius, bool)
+            or not isinstance(attention_radius, (int, float)) or attention_radius <= 0
+        ):
+            raise ValueError(
+                "`attention_radius` must be None or a positive number, and needs "
+                f"`reference_points=True`. Received: attention_radius={attention_radius!r}, "
+                f"reference_points={reference_points!r}"
+            )
         for arg, value in (("num_classes", num_classes), ("num_queries", num_queries)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{arg}` must be a positive integer. Received: {value!r}")
@@ -117,6 +170,8 @@ class DETR(keras.Model):
         self.dropout = dropout
         self.num_queries = num_queries
         self.norm_first = norm_first
+        self.reference_points = bool(reference_points)
+        self.attention_radius = None if attention_radius is None else float(attention_radius)
 
         d = hidden_dim
         self.backbone = backbone
@@ -143,6 +198,14 @@ class DETR(keras.Model):
             )
             for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
         ]
+        if self.reference_points:
+            self.reference_mlp = [
+                keras.layers.Dense(
+                    units, activation=activation, dtype=self.dtype_policy,
+                    name=f"reference_mlp_{i}", **_torch_linear_init(d),
+                )
+                for i, (units, activation) in enumerate([(d, "relu"), (d, None)])
+            ]
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
         self._num_replicas = 1
@@ -157,14 +220,28 @@ class DETR(keras.Model):
         self.input_proj.build((None, None, None, self.backbone.output_channels))
         self.encoder.build((None, None, d))
         self.decoder.build((None, q, d), (None, None, d))
+        reset_transformer_parameters(self.encoder)
+        reset_transformer_parameters(self.decoder)
         self.class_head.build((None, None, d))
         for layer in self.box_head:
             layer.build((None, None, d))
-        # nn.Embedding's default N(0, 1), as DETR's query_embed.
-        self.query_embed = self.add_weight(
-            shape=(q, d), initializer=keras.initializers.RandomNormal(stddev=1.0),
-            name="query_embed",
-        )
+        if self.reference_points:
+            for layer in self.reference_mlp:
+                layer.build((None, d))
+            # Points on a regular grid over the image, stored as logits (inverse sigmoid).
+            side = math.ceil(math.sqrt(q))
+            grid = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / side] for i in range(q)]
+            self.reference_logits = self.add_weight(
+                shape=(q, 2), initializer=keras.initializers.Constant(
+                    [[math.log(v / (1.0 - v)) for v in point] for point in grid]),
+                name="reference_logits",
+            )
+        else:
+            # nn.Embedding's default N(0, 1), as DETR's query_embed.
+            self.query_embed = self.add_weight(
+                shape=(q, d), initializer=keras.initializers.RandomNormal(stddev=1.0),
+                name="query_embed",
+            )
         self.built = True
 
     @property
@@ -204,8 +281,17 @@ class DETR(keras.Model):
         memory_mask = ops.reshape(feature_valid, (batch, -1))  # (B, S)
         memory = self.encoder(x, padding_mask=memory_mask, pos=pos, training=training)
 
-        query_pos = ops.cast(self.query_embed, self.compute_dtype)[None]  # (1, Q, d)
-        query_pos = ops.repeat(query_pos, batch, axis=0)  # (B, Q, d)
+        if self.reference_points:
+            points = ops.sigmoid(self.reference_logits)  # (Q, 2) cx, cy
+            query_pos = sine_features(points[:, ::-1] * (2 * math.pi), d // 2)  # (Q, d): y, x
+            query_pos = ops.cast(query_pos, self.compute_dtype)
+            for layer in self.reference_mlp:
+                query_pos = layer(query_pos)
+            if self.attention_radius is not None:
+                memory_mask = self._near_points(feature_valid, points)  # (B, Q, S)
+        else:
+            query_pos = ops.cast(self.query_embed, self.compute_dtype)  # (Q, d)
+        query_pos = ops.repeat(query_pos[None], batch, axis=0)  # (B, Q, d)
         decoded = self.decoder(
             ops.zeros_like(query_pos), memory, memory_mask=memory_mask, query_pos=query_pos,
             memory_pos=pos, return_cross_attention=return_cross_attention, training=training,
@@ -215,7 +301,11 @@ class DETR(keras.Model):
         boxes = hs
         for layer in self.box_head:
             boxes = layer(boxes)
-        boxes = ops.sigmoid(ops.cast(boxes, "float32"))  # (L, B, Q, 4)
+        boxes = ops.cast(boxes, "float32")  # (L, B, Q, 4) logits
+        if self.reference_points:
+            offset = ops.pad(ops.cast(self.reference_logits, "float32"), [[0, 0], [0, 2]])
+            boxes = boxes + offset  # centres relative to the points; (Q, 4) broadcasts
+        boxes = ops.sigmoid(boxes)  # (L, B, Q, 4)
         outputs = {
             "pred_logits": logits[-1],
             "pred_boxes": boxes[-1],
@@ -225,6 +315,25 @@ class DETR(keras.Model):
             ],
         }
         return outputs, weights, (shape[1], shape[2])
+
+    def _near_points(self, feature_valid, points):
+        """``(B, Q, S)`` bool: valid feature cells within ``attention_radius`` of each point.
+
+        A cell's coordinate is its centre normalized by the valid extent of its image, the
+        same frame as the normalized boxes.
+        """
+        valid = ops.cast(feature_valid, "float32")  # (B, h, w)
+        batch = ops.shape(valid)[0]
+        cy = (ops.cumsum(valid, axis=1) - 0.5) / (ops.sum(valid, axis=1, keepdims=True) + 1e-6)
+        cx = (ops.cumsum(valid, axis=2) - 0.5) / (ops.sum(valid, axis=2, keepdims=True) + 1e-6)
+        cx = ops.reshape(cx, (batch, 1, -1))  # (B, 1, S)
+        cy = ops.reshape(cy, (batch, 1, -1))
+        points = ops.stop_gradient(points)[None, :, :, None]  # (1, Q, 2, 1)
+        near = ops.logical_and(
+            ops.abs(cx - points[:, :, 0]) <= self.attention_radius,
+            ops.abs(cy - points[:, :, 1]) <= self.attention_radius,
+        )  # (B, Q, S)
+        return ops.logical_and(near, ops.reshape(feature_valid, (batch, 1, -1)))
 
     # --- training ----------------------------------------------------------------------------
 
@@ -324,6 +433,8 @@ class DETR(keras.Model):
             "dropout": self.dropout,
             "num_queries": self.num_queries,
             "norm_first": self.norm_first,
+            "reference_points": self.reference_points,
+            "attention_radius": self.attention_radius,
         }
 
     @classmethod
@@ -363,6 +474,7 @@ def build_model(config, num_classes: int) -> DETR:
         num_encoder_layers=config.num_encoder_layers,
         num_decoder_layers=config.num_decoder_layers, ffn_dim=config.ffn_dim,
         dropout=config.dropout, num_queries=config.num_queries, norm_first=config.norm_first,
+        reference_points=config.reference_points, attention_radius=config.attention_radius,
         name="detr",
     )
     model.build({"images": (None, None, None, 3), "mask": (None, None, None)})
