@@ -39,9 +39,11 @@ class DetrConfig:
     dropout: float = 0.1
     num_queries: int = 100  # upper bound on detections per image
     norm_first: bool = False  # post-norm, as DETR's default (pre_norm=False)
-    # Convergence aids (off in DETR): a learned reference point per query that positions
-    # its query and its box centre, and cross-attention limited to a window around it.
-    reference_points: bool = False
+    # Convergence aids (DETR: "learned", None). "reference": a learned reference point per
+    # query positions the query and its box centre; "encoder": two-stage queries from the
+    # encoder's best proposals (see vision.model.DETR). attention_radius limits each query's
+    # cross-attention to a window around its reference point.
+    query_type: str = "learned"
     attention_radius: float | None = None
 
     # Loss (SetCriterion) and matching (HungarianMatcher).

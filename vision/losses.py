@@ -112,6 +112,11 @@ class SetCriterion:
                     aux, labels, boxes, valid, num_boxes, f"outputs['aux_outputs'][{i}]"
                 )
                 losses.update({f"{name}_{i}": value for name, value in aux_losses.items()})
+        if "enc_outputs" in outputs:  # two-stage proposals, one per encoder cell
+            enc_losses = self._layer_losses(
+                outputs["enc_outputs"], labels, boxes, valid, num_boxes, "outputs['enc_outputs']"
+            )
+            losses.update({f"{name}_enc": value for name, value in enc_losses.items()})
         total = ops.zeros((), "float32")
         for name, value in losses.items():
             weight = self._weight(name)
@@ -123,7 +128,7 @@ class SetCriterion:
     def _weight(self, name: str) -> float:
         if name in self.weight_dict:
             return float(self.weight_dict[name])
-        base = re.sub(r"_\d+$", "", name)  # loss_ce_3 -> loss_ce
+        base = re.sub(r"_(\d+|enc)$", "", name)  # loss_ce_3, loss_ce_enc -> loss_ce
         return float(self.weight_dict.get(base, 0.0))
 
     def _layer_losses(

@@ -30,7 +30,16 @@ from vision.losses import SetCriterion
 from vision.matcher import HungarianMatcher
 from vision.optimizer import DetrAdamW
 
-__all__ = ["DETR", "build_criterion", "build_model", "reset_transformer_parameters", "resize_mask"]
+QUERY_TYPES = ("learned", "reference", "encoder")
+
+__all__ = [
+    "DETR",
+    "QUERY_TYPES",
+    "build_criterion",
+    "build_model",
+    "reset_transformer_parameters",
+    "resize_mask",
+]
 
 _LOSS_TERMS = ("loss_ce", "loss_bbox", "loss_giou")
 
@@ -108,13 +117,22 @@ class DETR(keras.Model):
         dropout: Transformer dropout.
         num_queries: object queries ``Q``.
         norm_first: pre-norm Transformer when True (DETR's default is post-norm).
-        reference_points: when True, each query has a learned reference point ``(cx, cy)``
-            (initialized on a grid over the image); its position embedding is an MLP of the
-            point's sine features (as DAB-/Conditional DETR), and the predicted box centre is
-            an offset from the point in logit space. DETR's learned ``query_pos`` otherwise.
-        attention_radius: with ``reference_points``, limits each query's cross-attention to
-            the feature cells within this distance (normalized image coordinates, per axis)
-            of its reference point. ``None``: the whole image.
+        query_type: where the object queries come from.
+            ``"learned"``: DETR's learned ``query_pos`` (one vector per query).
+            ``"reference"``: a learned reference point ``(cx, cy)`` per query, initialized on
+            a grid over the image; its position embedding is an MLP of the point's sine
+            features (as DAB-/Conditional DETR) and the box centre is predicted as an offset
+            from the point in logit space.
+            ``"encoder"``: two-stage, as Deformable DETR's and Efficient DETR's: every encoder
+            cell predicts a class and a box (relative to an anchor of 2x2 cells at the cell);
+            those proposals get their own set loss (``outputs["enc_outputs"]``); the
+            ``num_queries`` cells of highest object score become the queries, with the
+            cell's feature as the decoder's starting content, the proposal box (no gradient)
+            as reference box, an MLP of its sine features as position embedding, and every
+            predicted box an offset from it in logit space.
+        attention_radius: unless ``query_type="learned"``, limits each query's
+            cross-attention to the feature cells within this distance (normalized image
+            coordinates, per axis) of its reference point. ``None``: the whole image.
         **kwargs: base model arguments.
 
     Call arguments:
@@ -140,19 +158,23 @@ class DETR(keras.Model):
         dropout: float = 0.1,
         num_queries: int = 100,
         norm_first: bool = False,
-        reference_points: bool = False,
+        query_type: str = "learned",
         attention_radius: float | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if query_type not in QUERY_TYPES:
+            raise ValueError(
+                f"`query_type` must be one of {QUERY_TYPES}. Received: query_type={query_type!r}"
+            )
         if attention_radius is not None and (
-            not reference_points or isinstance(attention_radius, bool)
+            query_type == "learned" or isinstance(attention_radius, bool)
             or not isinstance(attention_radius, (int, float)) or attention_radius <= 0
         ):
             raise ValueError(
-                "`attention_radius` must be None or a positive number, and needs "
-                f"`reference_points=True`. Received: attention_radius={attention_radius!r}, "
-                f"reference_points={reference_points!r}"
+                "`attention_radius` must be None or a positive number, and needs a "
+                "`query_type` with reference points ('reference' or 'encoder'). Received: "
+                f"attention_radius={attention_radius!r}, query_type={query_type!r}"
             )
         for arg, value in (("num_classes", num_classes), ("num_queries", num_queries)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -170,7 +192,7 @@ class DETR(keras.Model):
         self.dropout = dropout
         self.num_queries = num_queries
         self.norm_first = norm_first
-        self.reference_points = bool(reference_points)
+        self.query_type = query_type
         self.attention_radius = None if attention_radius is None else float(attention_radius)
 
         d = hidden_dim
@@ -198,13 +220,28 @@ class DETR(keras.Model):
             )
             for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
         ]
-        if self.reference_points:
+        if query_type != "learned":
+            # The position embedding of a reference point (2 coordinates) or box (4).
+            self._reference_features = d * (2 if query_type == "encoder" else 1)
             self.reference_mlp = [
                 keras.layers.Dense(
                     units, activation=activation, dtype=self.dtype_policy,
-                    name=f"reference_mlp_{i}", **_torch_linear_init(d),
+                    name=f"reference_mlp_{i}", **_torch_linear_init(fan_in),
                 )
-                for i, (units, activation) in enumerate([(d, "relu"), (d, None)])
+                for i, (units, activation, fan_in) in enumerate(
+                    [(d, "relu", self._reference_features), (d, None, d)])
+            ]
+        if query_type == "encoder":
+            self.proposal_class_head = keras.layers.Dense(
+                num_classes + 1, dtype=self.dtype_policy, name="proposal_class_head",
+                **_torch_linear_init(d),
+            )
+            self.proposal_box_head = [
+                keras.layers.Dense(
+                    units, activation=activation, dtype=self.dtype_policy,
+                    name=f"proposal_box_head_{i}", **_torch_linear_init(d),
+                )
+                for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
             ]
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
@@ -225,9 +262,14 @@ class DETR(keras.Model):
         self.class_head.build((None, None, d))
         for layer in self.box_head:
             layer.build((None, None, d))
-        if self.reference_points:
-            for layer in self.reference_mlp:
-                layer.build((None, d))
+        if self.query_type != "learned":
+            self.reference_mlp[0].build((None, self._reference_features))
+            self.reference_mlp[1].build((None, d))
+        if self.query_type == "encoder":
+            self.proposal_class_head.build((None, None, d))
+            for layer in self.proposal_box_head:
+                layer.build((None, None, d))
+        elif self.query_type == "reference":
             # Points on a regular grid over the image, stored as logits (inverse sigmoid).
             side = math.ceil(math.sqrt(q))
             grid = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / side] for i in range(q)]
@@ -281,19 +323,26 @@ class DETR(keras.Model):
         memory_mask = ops.reshape(feature_valid, (batch, -1))  # (B, S)
         memory = self.encoder(x, padding_mask=memory_mask, pos=pos, training=training)
 
-        if self.reference_points:
-            points = ops.sigmoid(self.reference_logits)  # (Q, 2) cx, cy
-            query_pos = sine_features(points[:, ::-1] * (2 * math.pi), d // 2)  # (Q, d): y, x
-            query_pos = ops.cast(query_pos, self.compute_dtype)
-            for layer in self.reference_mlp:
-                query_pos = layer(query_pos)
-            if self.attention_radius is not None:
-                memory_mask = self._near_points(feature_valid, points)  # (B, Q, S)
-        else:
+        outputs = {}
+        reference = None  # logits of the reference points (Q, 2) or boxes (B, Q, 4)
+        if self.query_type == "learned":
             query_pos = ops.cast(self.query_embed, self.compute_dtype)  # (Q, d)
-        query_pos = ops.repeat(query_pos[None], batch, axis=0)  # (B, Q, d)
+            query_pos = ops.repeat(query_pos[None], batch, axis=0)  # (B, Q, d)
+            target = ops.zeros_like(query_pos)
+        elif self.query_type == "reference":
+            reference = ops.cast(self.reference_logits, "float32")  # (Q, 2)
+            points = ops.repeat(ops.sigmoid(reference)[None], batch, axis=0)  # (B, Q, 2)
+            query_pos = self._reference_embedding(points)
+            target = ops.zeros_like(query_pos)
+        else:
+            proposals, target, reference = self._proposals(memory, feature_valid)
+            outputs["enc_outputs"] = proposals
+            points = ops.sigmoid(reference)  # (B, Q, 4)
+            query_pos = self._reference_embedding(points)
+        if self.attention_radius is not None:
+            memory_mask = self._near_points(feature_valid, points[..., :2])  # (B, Q, S)
         decoded = self.decoder(
-            ops.zeros_like(query_pos), memory, memory_mask=memory_mask, query_pos=query_pos,
+            target, memory, memory_mask=memory_mask, query_pos=query_pos,
             memory_pos=pos, return_cross_attention=return_cross_attention, training=training,
         )  # (L, B, Q, d) [, (L, B, heads, Q, S)]
         hs, weights = decoded if return_cross_attention else (decoded, None)
@@ -302,11 +351,13 @@ class DETR(keras.Model):
         for layer in self.box_head:
             boxes = layer(boxes)
         boxes = ops.cast(boxes, "float32")  # (L, B, Q, 4) logits
-        if self.reference_points:
-            offset = ops.pad(ops.cast(self.reference_logits, "float32"), [[0, 0], [0, 2]])
-            boxes = boxes + offset  # centres relative to the points; (Q, 4) broadcasts
+        if reference is not None:
+            if reference.shape[-1] == 2:  # points: offsets of the centres only
+                reference = ops.pad(reference, [[0, 0], [0, 2]])
+            boxes = boxes + reference  # (Q, 4) or (B, Q, 4) broadcasts over (L, B, Q, 4)
         boxes = ops.sigmoid(boxes)  # (L, B, Q, 4)
         outputs = {
+            **outputs,
             "pred_logits": logits[-1],
             "pred_boxes": boxes[-1],
             "aux_outputs": [
@@ -316,19 +367,80 @@ class DETR(keras.Model):
         }
         return outputs, weights, (shape[1], shape[2])
 
+    def _reference_embedding(self, points):
+        """``(B, Q, K)`` normalized points or cxcywh boxes -> ``(B, Q, d)`` query positions.
+
+        The sine features (``y`` before ``x``, as `SinePositionEmbedding2D`'s layout) of
+        each coordinate times 2π, through a two-layer MLP.
+        """
+        order = [1, 0] if points.shape[-1] == 2 else [1, 0, 2, 3]
+        points = ops.take(points, order, axis=-1) * (2 * math.pi)
+        query_pos = ops.cast(sine_features(points, self.hidden_dim // 2), self.compute_dtype)
+        for layer in self.reference_mlp:
+            query_pos = layer(query_pos)
+        return query_pos
+
+    def _cell_centres(self, feature_valid):
+        """``(B, h, w)`` validity -> cell centres ``cx``, ``cy`` normalized by the valid extent,
+        and the valid width and height in cells ``(B, 1, w)``/``(B, h, 1)``."""
+        valid = ops.cast(feature_valid, "float32")  # (B, h, w)
+        cells_h = ops.sum(valid, axis=1, keepdims=True)  # (B, 1, w)
+        cells_w = ops.sum(valid, axis=2, keepdims=True)  # (B, h, 1)
+        cy = (ops.cumsum(valid, axis=1) - 0.5) / (cells_h + 1e-6)
+        cx = (ops.cumsum(valid, axis=2) - 0.5) / (cells_w + 1e-6)
+        return cx, cy, cells_w, cells_h
+
+    def _proposals(self, memory, feature_valid):
+        """Two-stage queries: every cell's proposal, then the ``Q`` best as queries.
+
+        Returns:
+            ``(proposals, target, reference)``: ``proposals`` a dict with ``pred_logits``
+            ``(B, S, C + 1)`` and ``pred_boxes`` ``(B, S, 4)`` (padded cells: certain
+            no-object), ``target`` ``(B, Q, d)`` the chosen cells' features, ``reference``
+            ``(B, Q, 4)`` the logits of their boxes, without gradient.
+        """
+        batch, q = ops.shape(memory)[0], self.num_queries
+        cx, cy, cells_w, cells_h = self._cell_centres(feature_valid)
+        width = 2.0 / ops.maximum(cells_w, 1.0) + ops.zeros_like(cx)  # (B, h, w): 2 cells
+        height = 2.0 / ops.maximum(cells_h, 1.0) + ops.zeros_like(cy)
+        anchors = ops.reshape(ops.stack([cx, cy, width, height], axis=-1), (batch, -1, 4))
+        anchors = ops.clip(anchors, 0.01, 0.99)
+        anchors = ops.log(anchors / (1.0 - anchors))  # (B, S, 4) logits
+        valid = ops.reshape(feature_valid, (batch, -1))  # (B, S)
+        logits = ops.cast(self.proposal_class_head(memory), "float32")  # (B, S, C + 1)
+        no_object = ops.one_hot(self.num_classes, self.num_classes + 1) * 2e4 - 1e4
+        logits = ops.where(valid[..., None], logits, no_object)
+        boxes = memory
+        for layer in self.proposal_box_head:
+            boxes = layer(boxes)
+        boxes = ops.cast(boxes, "float32") + anchors  # (B, S, 4) logits
+        proposals = {"pred_logits": logits, "pred_boxes": ops.sigmoid(boxes)}
+
+        # Object score of each cell; Q dummy candidates (never better than a valid cell)
+        # keep top_k defined when the feature map has fewer than Q cells.
+        score = ops.max(ops.softmax(ops.stop_gradient(logits), axis=-1)[..., :-1], axis=-1)
+        score = ops.where(valid, score, -1.0)  # (B, S)
+        score = ops.pad(score, [[0, 0], [0, q]], constant_values=-2.0)  # (B, S + Q)
+        memory = ops.pad(memory, [[0, 0], [0, q], [0, 0]])
+        boxes = ops.pad(ops.stop_gradient(boxes), [[0, 0], [0, q], [0, 0]])  # centre cells
+        _, chosen = ops.top_k(score, q)  # (B, Q)
+        target = ops.take_along_axis(memory, chosen[..., None], axis=1)  # (B, Q, d)
+        reference = ops.take_along_axis(boxes, chosen[..., None], axis=1)  # (B, Q, 4)
+        return proposals, target, reference
+
     def _near_points(self, feature_valid, points):
         """``(B, Q, S)`` bool: valid feature cells within ``attention_radius`` of each point.
+
+        ``points`` is ``(B, Q, 2)`` normalized ``(cx, cy)``.
 
         A cell's coordinate is its centre normalized by the valid extent of its image, the
         same frame as the normalized boxes.
         """
-        valid = ops.cast(feature_valid, "float32")  # (B, h, w)
-        batch = ops.shape(valid)[0]
-        cy = (ops.cumsum(valid, axis=1) - 0.5) / (ops.sum(valid, axis=1, keepdims=True) + 1e-6)
-        cx = (ops.cumsum(valid, axis=2) - 0.5) / (ops.sum(valid, axis=2, keepdims=True) + 1e-6)
+        batch = ops.shape(feature_valid)[0]
+        cx, cy, _, _ = self._cell_centres(feature_valid)
         cx = ops.reshape(cx, (batch, 1, -1))  # (B, 1, S)
         cy = ops.reshape(cy, (batch, 1, -1))
-        points = ops.stop_gradient(points)[None, :, :, None]  # (1, Q, 2, 1)
+        points = ops.stop_gradient(points)[..., None]  # (B, Q, 2, 1)
         near = ops.logical_and(
             ops.abs(cx - points[:, :, 0]) <= self.attention_radius,
             ops.abs(cy - points[:, :, 1]) <= self.attention_radius,
@@ -433,7 +545,7 @@ class DETR(keras.Model):
             "dropout": self.dropout,
             "num_queries": self.num_queries,
             "norm_first": self.norm_first,
-            "reference_points": self.reference_points,
+            "query_type": self.query_type,
             "attention_radius": self.attention_radius,
         }
 
@@ -474,7 +586,7 @@ def build_model(config, num_classes: int) -> DETR:
         num_encoder_layers=config.num_encoder_layers,
         num_decoder_layers=config.num_decoder_layers, ffn_dim=config.ffn_dim,
         dropout=config.dropout, num_queries=config.num_queries, norm_first=config.norm_first,
-        reference_points=config.reference_points, attention_radius=config.attention_radius,
+        query_type=config.query_type, attention_radius=config.attention_radius,
         name="detr",
     )
     model.build({"images": (None, None, None, 3), "mask": (None, None, None)})

@@ -96,8 +96,13 @@ def test_tiny_backbone_stride_and_zero_padding():
     assert restored.filters == (4, 8) and restored.stride == 4
 
 
-def test_padded_batch_equals_each_image_alone():
-    model = build_model(preset("tiny", **SMALL), NUM_CLASSES)
+@pytest.mark.parametrize(
+    "queries", [{}, {"query_type": "reference", "attention_radius": 0.4},
+                {"query_type": "encoder", "attention_radius": 0.4}],
+    ids=["learned", "reference", "encoder"],
+)
+def test_padded_batch_equals_each_image_alone(queries):
+    model = build_model(preset("tiny", **SMALL, **queries), NUM_CLASSES)
     rng = np.random.default_rng(2)
     for v in model.backbone.weights:  # LayerNorm betas start at 0, which would hide leaks
         if v.path.endswith("beta"):
