@@ -45,6 +45,7 @@ class DetrConfig:
     # cross-attention to a window around its reference point.
     query_type: str = "learned"
     attention_radius: float | None = None
+    box_refinement: bool = False  # each decoder layer refines the previous layer's boxes
 
     # Loss (SetCriterion) and matching (HungarianMatcher).
     aux_loss: bool = True  # also supervise every earlier decoder layer

@@ -133,6 +133,9 @@ class DETR(keras.Model):
         attention_radius: unless ``query_type="learned"``, limits each query's
             cross-attention to the feature cells within this distance (normalized image
             coordinates, per axis) of its reference point. ``None``: the whole image.
+        box_refinement: with ``query_type="encoder"``, each decoder layer refines the boxes
+            of the previous one, which position the next layer (Deformable DETR's iterative
+            refinement).
         **kwargs: base model arguments.
 
     Call arguments:
@@ -160,12 +163,18 @@ class DETR(keras.Model):
         norm_first: bool = False,
         query_type: str = "learned",
         attention_radius: float | None = None,
+        box_refinement: bool = False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         if query_type not in QUERY_TYPES:
             raise ValueError(
                 f"`query_type` must be one of {QUERY_TYPES}. Received: query_type={query_type!r}"
+            )
+        if box_refinement and query_type != "encoder":
+            raise ValueError(
+                "`box_refinement` needs reference boxes: `query_type='encoder'`. Received: "
+                f"query_type={query_type!r}"
             )
         if attention_radius is not None and (
             query_type == "learned" or isinstance(attention_radius, bool)
@@ -193,6 +202,7 @@ class DETR(keras.Model):
         self.num_queries = num_queries
         self.norm_first = norm_first
         self.query_type = query_type
+        self.box_refinement = bool(box_refinement)
         self.attention_radius = None if attention_radius is None else float(attention_radius)
 
         d = hidden_dim
@@ -339,23 +349,27 @@ class DETR(keras.Model):
             outputs["enc_outputs"] = proposals
             points = ops.sigmoid(reference)  # (B, Q, 4)
             query_pos = self._reference_embedding(points)
-        if self.attention_radius is not None:
-            memory_mask = self._near_points(feature_valid, points[..., :2])  # (B, Q, S)
-        decoded = self.decoder(
-            target, memory, memory_mask=memory_mask, query_pos=query_pos,
-            memory_pos=pos, return_cross_attention=return_cross_attention, training=training,
-        )  # (L, B, Q, d) [, (L, B, heads, Q, S)]
-        hs, weights = decoded if return_cross_attention else (decoded, None)
+        if self.box_refinement:
+            hs, boxes, weights = self._refining_decoder(
+                target, memory, memory_mask, pos, feature_valid, reference,
+                return_cross_attention, training,
+            )
+        else:
+            if self.attention_radius is not None:
+                memory_mask = self._near_points(feature_valid, points[..., :2])  # (B, Q, S)
+            decoded = self.decoder(
+                target, memory, memory_mask=memory_mask, query_pos=query_pos,
+                memory_pos=pos, return_cross_attention=return_cross_attention,
+                training=training,
+            )  # (L, B, Q, d) [, (L, B, heads, Q, S)]
+            hs, weights = decoded if return_cross_attention else (decoded, None)
+            boxes = self._box_logits(hs)  # (L, B, Q, 4)
+            if reference is not None:
+                if reference.shape[-1] == 2:  # points: offsets of the centres only
+                    reference = ops.pad(reference, [[0, 0], [0, 2]])
+                boxes = boxes + reference  # (Q, 4) or (B, Q, 4) broadcasts over (L, B, Q, 4)
+            boxes = ops.sigmoid(boxes)  # (L, B, Q, 4)
         logits = ops.cast(self.class_head(hs), "float32")  # (L, B, Q, C + 1)
-        boxes = hs
-        for layer in self.box_head:
-            boxes = layer(boxes)
-        boxes = ops.cast(boxes, "float32")  # (L, B, Q, 4) logits
-        if reference is not None:
-            if reference.shape[-1] == 2:  # points: offsets of the centres only
-                reference = ops.pad(reference, [[0, 0], [0, 2]])
-            boxes = boxes + reference  # (Q, 4) or (B, Q, 4) broadcasts over (L, B, Q, 4)
-        boxes = ops.sigmoid(boxes)  # (L, B, Q, 4)
         outputs = {
             **outputs,
             "pred_logits": logits[-1],
@@ -366,6 +380,47 @@ class DETR(keras.Model):
             ],
         }
         return outputs, weights, (shape[1], shape[2])
+
+    def _box_logits(self, hs):
+        boxes = hs
+        for layer in self.box_head:
+            boxes = layer(boxes)
+        return ops.cast(boxes, "float32")
+
+    def _refining_decoder(self, target, memory, memory_mask, pos, feature_valid, reference,
+                          return_cross_attention, training):
+        """The decoder stack's layers one by one, each refining the reference boxes.
+
+        Layer ``i`` is positioned by the boxes of layer ``i - 1`` (the proposals for the
+        first): its query position embedding and attention window come from them, and its
+        box is predicted as an offset from them in logit space (Deformable DETR's iterative
+        bounding-box refinement, with DAB-DETR's box position embedding). No gradient flows
+        through the reference boxes from one layer to the next.
+
+        Returns:
+            ``(hs, boxes, weights)``: ``(L, B, Q, d)`` normalized layer outputs,
+            ``(L, B, Q, 4)`` boxes, ``(L, B, heads, Q, S)`` cross-attention or None.
+        """
+        x, hs, boxes, weights = target, [], [], []
+        for layer in self.decoder.layers:
+            points = ops.sigmoid(reference)  # (B, Q, 4)
+            mask = memory_mask
+            if self.attention_radius is not None:
+                mask = self._near_points(feature_valid, points[..., :2])  # (B, Q, S)
+            out = layer(
+                x, memory, memory_mask=mask, query_pos=self._reference_embedding(points),
+                memory_pos=pos, return_cross_attention=return_cross_attention,
+                training=training,
+            )
+            x, attention = out if return_cross_attention else (out, None)
+            h = self.decoder.norm(x)  # (B, Q, d), as the stack's intermediate outputs
+            box = self._box_logits(h) + reference  # (B, Q, 4) logits
+            hs.append(h)
+            boxes.append(ops.sigmoid(box))
+            weights.append(attention)
+            reference = ops.stop_gradient(box)
+        weights = ops.stack(weights, axis=0) if return_cross_attention else None
+        return ops.stack(hs, axis=0), ops.stack(boxes, axis=0), weights
 
     def _reference_embedding(self, points):
         """``(B, Q, K)`` normalized points or cxcywh boxes -> ``(B, Q, d)`` query positions.
@@ -547,6 +602,7 @@ class DETR(keras.Model):
             "norm_first": self.norm_first,
             "query_type": self.query_type,
             "attention_radius": self.attention_radius,
+            "box_refinement": self.box_refinement,
         }
 
     @classmethod
@@ -587,6 +643,7 @@ def build_model(config, num_classes: int) -> DETR:
         num_decoder_layers=config.num_decoder_layers, ffn_dim=config.ffn_dim,
         dropout=config.dropout, num_queries=config.num_queries, norm_first=config.norm_first,
         query_type=config.query_type, attention_radius=config.attention_radius,
+        box_refinement=config.box_refinement,
         name="detr",
     )
     model.build({"images": (None, None, None, 3), "mask": (None, None, None)})

@@ -98,8 +98,9 @@ def test_tiny_backbone_stride_and_zero_padding():
 
 @pytest.mark.parametrize(
     "queries", [{}, {"query_type": "reference", "attention_radius": 0.4},
-                {"query_type": "encoder", "attention_radius": 0.4}],
-    ids=["learned", "reference", "encoder"],
+                {"query_type": "encoder", "attention_radius": 0.4},
+                {"query_type": "encoder", "attention_radius": 0.4, "box_refinement": True}],
+    ids=["learned", "reference", "encoder", "encoder-refined"],
 )
 def test_padded_batch_equals_each_image_alone(queries):
     model = build_model(preset("tiny", **SMALL, **queries), NUM_CLASSES)

@@ -72,6 +72,9 @@ def test_query_type_and_radius_are_checked():
     with pytest.raises(ValueError, match="attention_radius"):
         build_model(preset("tiny", **SMALL, query_type="reference", attention_radius=0),
                     NUM_CLASSES)
+    with pytest.raises(ValueError, match="box_refinement"):
+        build_model(preset("tiny", **SMALL, query_type="reference", box_refinement=True),
+                    NUM_CLASSES)
 
 
 @pytest.mark.parametrize("query_type", ["reference", "encoder"])
@@ -85,7 +88,8 @@ def test_cross_attention_stays_within_the_radius(query_type):
     inputs["mask"][1, :, 80:] = False  # second image: 96 x 80 valid, 6 x 5 cells
     outputs, weights, (h, w) = model.forward(inputs, return_cross_attention=True)
     weights = keras.ops.convert_to_numpy(weights)  # (L, B, heads, Q, S)
-    for v in (model.box_head[-1].kernel, model.box_head[-1].bias):  # boxes = sigmoid(reference): the reference points themselves
+    # With a zero box head, boxes = sigmoid(reference): the reference points themselves.
+    for v in (model.box_head[-1].kernel, model.box_head[-1].bias):
         v.assign(keras.ops.zeros_like(v))
     points = keras.ops.convert_to_numpy(model(inputs)["pred_boxes"])[..., :2]  # (B, Q, 2)
     for b, valid_w in enumerate((8, 5)):
@@ -145,6 +149,25 @@ def test_two_stage_queries_are_the_best_proposals():
         )
 
 
+def test_box_refinement_adds_each_layer_offset_to_the_previous_boxes():
+    config = preset("tiny", **SMALL, query_type="encoder", box_refinement=True)
+    model = build_model(config, NUM_CLASSES)
+    inputs = _inputs(np.random.default_rng(7))
+    plain = build_model(preset("tiny", **SMALL, query_type="encoder"), NUM_CLASSES)
+    plain.set_weights(model.get_weights())  # same weights, no refinement
+    offset = np.array([0.3, -0.2, 0.1, 0.25], "float32")
+    for m in (model, plain):  # every layer predicts the same logit offset
+        m.box_head[-1].kernel.assign(np.zeros(m.box_head[-1].kernel.shape, "float32"))
+        m.box_head[-1].bias.assign(offset)
+    outputs = _numpy(model(inputs))
+    proposals = _numpy(plain(inputs))["pred_boxes"]  # sigmoid(proposal + offset)
+    start = np.log(proposals / (1 - proposals)) - offset  # the chosen proposals' logits
+    layers = [aux["pred_boxes"] for aux in outputs["aux_outputs"]] + [outputs["pred_boxes"]]
+    for i, boxes in enumerate(layers):  # layer i: sigmoid(proposal + (i + 1) * offset)
+        expected = 1 / (1 + np.exp(-(start + (i + 1) * offset)))
+        np.testing.assert_allclose(boxes, expected, atol=1e-4)
+
+
 def test_two_stage_works_with_fewer_cells_than_queries():
     config = preset("tiny", **{**SMALL, "num_queries": 20}, query_type="encoder")
     model = build_model(config, NUM_CLASSES)
@@ -181,14 +204,17 @@ def test_criterion_adds_the_proposal_losses():
 
 @pytest.mark.parametrize("query_type", ["reference", "encoder"])
 def test_query_types_round_trip_through_keras_files(tmp_path, query_type):
+    refine = query_type == "encoder"
     model = build_model(
-        preset("tiny", **SMALL, query_type=query_type, attention_radius=0.5), NUM_CLASSES
+        preset("tiny", **SMALL, query_type=query_type, attention_radius=0.5,
+               box_refinement=refine), NUM_CLASSES
     )
     inputs = _inputs(np.random.default_rng(6))
     path = str(tmp_path / "detr.keras")
     model.save(path)
     loaded = keras.saving.load_model(path, compile=False)
     assert (loaded.query_type, loaded.attention_radius) == (query_type, 0.5)
+    assert loaded.box_refinement == refine
     np.testing.assert_allclose(
         _numpy(loaded(inputs))["pred_boxes"], _numpy(model(inputs))["pred_boxes"], atol=1e-6
     )
