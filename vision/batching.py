@@ -24,9 +24,17 @@ import functools
 
 import tensorflow as tf
 
-from vision.augment import DetrSizes, detr_train_transform, normalize_image, resize
+from vision.augment import (
+    DetrSizes,
+    detr_train_transform,
+    horizontal_flip,
+    normalize_image,
+    resize,
+)
 
-__all__ = ["make_batches"]
+__all__ = ["AUGMENTATIONS", "make_batches"]
+
+AUGMENTATIONS = ("detr", "flip", "none")
 
 
 def _positive_int(name: str, value) -> int:
@@ -35,7 +43,8 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
-def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_objects: int):
+def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_objects: int,
+             augmentation: str = "detr"):
     image, boxes = record["image"], tf.cast(record["boxes"], tf.float32)
     labels, image_id = tf.cast(record["labels"], tf.int32), tf.cast(record["image_id"], tf.int64)
     count = tf.shape(labels)[0]
@@ -48,8 +57,15 @@ def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_object
     with tf.control_dependencies([check]):
         labels = tf.identity(labels)
     orig_size = tf.shape(image)[:2]
-    if training:
+    if training and augmentation == "detr":
         image, boxes, labels = detr_train_transform(image, boxes, labels, seed, sizes)
+    elif training and augmentation == "flip":
+        image, boxes = resize(image, boxes, sizes.eval_size, sizes.max_size)
+        image, boxes = tf.cond(
+            tf.random.stateless_uniform([], seed) < 0.5,
+            lambda: horizontal_flip(image, boxes),
+            lambda: (image, boxes),
+        )
     else:
         image, boxes = resize(image, boxes, sizes.eval_size, sizes.max_size)
     size = tf.shape(image)[:2]
@@ -84,6 +100,7 @@ def make_batches(
     pad_to: tuple[int, int] | None = None,
     drop_remainder: bool = False,
     include_info: bool = False,
+    augmentation: str = "detr",
 ) -> tf.data.Dataset:
     """Batches detection records into `(inputs, targets)` elements for Keras.
 
@@ -106,6 +123,9 @@ def make_batches(
             (static shapes for XLA / TPU); it must hold every resized image.
         drop_remainder: Drop a last, smaller batch (static batch size).
         include_info: Add the info dict (module docstring) as a third element.
+        augmentation: With `training`: `"detr"` (DETR's flip, multi-scale resize and random
+            crop), `"flip"` (the evaluation resize and a random horizontal flip) or `"none"`
+            (the evaluation resize only).
 
     Returns:
         The batched, prefetched `tf.data.Dataset`.
@@ -113,6 +133,10 @@ def make_batches(
     batch_size = _positive_int("batch_size", batch_size)
     max_objects = _positive_int("max_objects", max_objects)
     sizes = DetrSizes.scaled(image_size, max_size)
+    if augmentation not in AUGMENTATIONS:
+        raise ValueError(
+            f"`augmentation` must be one of {AUGMENTATIONS}. Received: {augmentation!r}"
+        )
     if pad_to is not None and (
         len(pad_to) != 2 or not all(isinstance(v, int) and v > 0 for v in pad_to)
     ):
@@ -120,7 +144,8 @@ def make_batches(
             f"`pad_to` must be None or positive (height, width). Received: pad_to={pad_to!r}"
         )
     prepare = functools.partial(
-        _prepare, training=training, sizes=sizes, max_objects=max_objects
+        _prepare, training=training, sizes=sizes, max_objects=max_objects,
+        augmentation=augmentation,
     )
     if training:
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)

@@ -56,6 +56,8 @@ class DetrConfig:
     loss_ce: float = 1.0
     loss_bbox: float = 5.0
     loss_giou: float = 2.0
+    # Two-stage queries only: how many proposals each object is matched to (one-to-many).
+    proposal_matches: int = 1
     # "scipy": exact host solver; the train step must run with jit_compile=False.
     # "ops": pure keras.ops solver, same minimum cost, lets the whole step compile with XLA.
     matcher_solver: str = "scipy"
@@ -68,12 +70,17 @@ class DetrConfig:
     clip_norm: float = 0.1  # gradient clipping by the global norm over all gradients
     epochs: int = 300
     lr_drop_epochs: int = 200  # both learning rates are multiplied by 0.1 after this epoch
+    # A run bounded by --max-steps or --time-budget drops them once this share of the bound is
+    # spent (if that comes before lr_drop_epochs): DETR's 200 of 300 epochs.
+    lr_drop_fraction: float | None = 2 / 3
 
     # Data.
     # Images per replica; the paper trains with 4 per GPU on 16 GPUs (batch 64).
     batch_size: int = 4
     image_size: int = 800  # shorter side after resizing (DETR's multi-scale max scale)
     max_image_size: int = 1333  # cap on the longer side
+    # Training augmentation: "detr" (flip, multi-scale resize, random crop), "flip" or "none".
+    augmentation: str = "detr"
 
 
 PRESETS: dict[str, DetrConfig] = {
@@ -96,6 +103,7 @@ PRESETS: dict[str, DetrConfig] = {
         max_image_size=128,
         epochs=50,
         lr_drop_epochs=40,
+        lr_drop_fraction=0.8,
     ),
 }
 

@@ -49,6 +49,11 @@ class SetCriterion:
             overrides it. Losses without a weight are reported but not added.
             Default ``{"loss_ce": 1, "loss_bbox": 5, "loss_giou": 2}``.
         aux_loss: Whether to add the losses of ``outputs["aux_outputs"]``.
+        proposal_matches: How many of the two-stage proposals (``outputs["enc_outputs"]``,
+            one per encoder cell) each object is matched to: the targets are repeated this
+            many times before the Hungarian matching (one-to-many, as H-DETR's hybrid
+            branch), and the box losses are divided by this many times ``num_boxes``. Their
+            losses are ``loss_ce_enc``, ``loss_bbox_enc``, ``loss_giou_enc``.
 
     Call arguments:
         outputs: Dict with ``pred_logits`` `(B, Q, C + 1)`, ``pred_boxes`` `(B, Q, 4)`
@@ -71,6 +76,7 @@ class SetCriterion:
         eos_coef: float = 0.1,
         weight_dict: dict[str, float] | None = None,
         aux_loss: bool = True,
+        proposal_matches: int = 1,
     ) -> None:
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(
@@ -85,6 +91,12 @@ class SetCriterion:
         self.eos_coef = float(eos_coef)
         self.weight_dict = dict(_DEFAULT_WEIGHTS if weight_dict is None else weight_dict)
         self.aux_loss = bool(aux_loss)
+        if isinstance(proposal_matches, bool) or not isinstance(proposal_matches, int) or (
+                proposal_matches < 1):
+            raise ValueError(
+                f"`proposal_matches` must be a positive integer. Received: {proposal_matches!r}"
+            )
+        self.proposal_matches = proposal_matches
 
     @staticmethod
     def count_boxes(targets: dict) -> Any:
@@ -113,8 +125,10 @@ class SetCriterion:
                 )
                 losses.update({f"{name}_{i}": value for name, value in aux_losses.items()})
         if "enc_outputs" in outputs:  # two-stage proposals, one per encoder cell
+            k = self.proposal_matches
             enc_losses = self._layer_losses(
-                outputs["enc_outputs"], labels, boxes, valid, num_boxes, "outputs['enc_outputs']"
+                outputs["enc_outputs"], ops.tile(labels, [1, k]), ops.tile(boxes, [1, k, 1]),
+                ops.tile(valid, [1, k]), num_boxes * k, "outputs['enc_outputs']",
             )
             losses.update({f"{name}_enc": value for name, value in enc_losses.items()})
         total = ops.zeros((), "float32")
@@ -180,6 +194,7 @@ class SetCriterion:
             "eos_coef": self.eos_coef,
             "weight_dict": dict(self.weight_dict),
             "aux_loss": self.aux_loss,
+            "proposal_matches": self.proposal_matches,
         }
 
     @classmethod

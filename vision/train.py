@@ -20,7 +20,7 @@ from vision.export import export_detector, make_detect_fn
 from vision.model import build_criterion, build_model
 from vision.optimizer import build_optimizer
 
-__all__ = ["LONG_RUN_EPOCHS", "object_limit_errors", "step_decay", "train_detr"]
+__all__ = ["LONG_RUN_EPOCHS", "LearningRateDrop", "object_limit_errors", "train_detr"]
 
 LONG_RUN_EPOCHS = 100_000  # with a time budget or step limit, those decide when to stop
 
@@ -47,13 +47,65 @@ def object_limit_errors(max_objects: int):
         ) from None
 
 
-def step_decay(learning_rate: float, drop_epoch: int) -> Callable[[int, float], float]:
-    """DETR's StepLR: ``learning_rate`` until epoch ``drop_epoch`` (0-based), then 0.1 times it.
+class LearningRateDrop(keras.callbacks.Callback):
+    """DETR's step decay for `fit`, also for runs bounded by steps or time.
 
-    For `keras.callbacks.LearningRateScheduler`; `vision.optimizer.DetrAdamW` scales the
-    backbone's rate with it. A function of the epoch only, so a resumed run gets the same rate.
+    The learning rate is ``learning_rate`` until epoch ``drop_epoch`` (DETR's ``lr_drop``),
+    then 0.1 times it. A run bounded by ``max_steps`` or a ``time_budget`` (minutes) drops it
+    as well once ``drop_fraction`` of that bound is spent (steps taken, or wall-clock time
+    since training began), whichever comes first: such runs stop long before ``drop_epoch``.
+    `vision.optimizer.DetrAdamW` scales the backbone's rate with it. Steps count from the
+    optimizer's iterations, so a resumed run keeps its place; the time of a resumed run
+    counts from its own start.
+
+    Args:
+        learning_rate: the initial rate.
+        drop_epoch: 0-based epoch from which the rate is dropped.
+        drop_fraction: share of ``max_steps``/``time_budget`` after which the rate is
+            dropped; None: by epoch only.
+        max_steps, time_budget: the bounds of the run (None: not bounded that way).
+        clock: seconds as a float; injectable for tests.
     """
-    return lambda epoch, lr=None: learning_rate * (0.1 if epoch >= drop_epoch else 1.0)
+
+    def __init__(self, learning_rate: float, drop_epoch: int, drop_fraction: float | None = None,
+                 max_steps: int | None = None, time_budget: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        if drop_fraction is not None and not 0 < drop_fraction <= 1:
+            raise ValueError(f"`drop_fraction` must be in (0, 1]. Received: {drop_fraction!r}")
+        self.learning_rate, self.drop_epoch = float(learning_rate), int(drop_epoch)
+        self.drop_fraction, self.max_steps, self.time_budget = drop_fraction, max_steps, time_budget
+        self.clock, self.start, self.dropped = clock, None, False
+
+    def _set(self, dropped: bool) -> None:
+        self.dropped = dropped
+        self.model.optimizer.learning_rate = self.learning_rate * (0.1 if dropped else 1.0)
+
+    def _past_fraction(self) -> bool:
+        if self.drop_fraction is None:
+            return False
+        if self.max_steps is not None:
+            steps = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            if steps >= self.drop_fraction * self.max_steps:
+                return True
+        if self.time_budget is not None:
+            return self.clock() - self.start >= self.drop_fraction * 60.0 * self.time_budget
+        return False
+
+    def on_train_begin(self, logs=None):
+        self.start = self.clock()
+        self._set(self._past_fraction())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._set(self.dropped or epoch >= self.drop_epoch or self._past_fraction())
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.dropped and self._past_fraction():
+            self._set(True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = self.learning_rate * (0.1 if self.dropped else 1.0)
 
 
 def _float_masks(ds):
@@ -135,7 +187,7 @@ def train_detr(data_spec: str, workdir: str, preset_name: str = "tiny",
     global_batch = config.batch_size * replicas
     sizes = dict(image_size=config.image_size, max_size=config.max_image_size)
     train_ds = source.batches("train", batch_size=global_batch, max_objects=max_objects,
-                              seed=seed, **sizes)
+                              seed=seed, augmentation=config.augmentation, **sizes)
     num_train, num_valid = source.num_examples("train"), source.num_examples("valid")
     if num_valid is not None and eval_limit is not None:
         num_valid = min(num_valid, eval_limit)
@@ -162,8 +214,8 @@ def train_detr(data_spec: str, workdir: str, preset_name: str = "tiny",
         epochs = LONG_RUN_EPOCHS if (max_steps or time_budget) else config.epochs
     steps_per_epoch = math.ceil(num_train / global_batch) if num_train else None
     epochs = training.plan_epochs(epochs, max_steps, steps_per_epoch)
-    schedule = keras.callbacks.LearningRateScheduler(
-        step_decay(config.learning_rate, config.lr_drop_epochs))
+    schedule = LearningRateDrop(config.learning_rate, config.lr_drop_epochs,
+                                config.lr_drop_fraction, max_steps, time_budget)
     callbacks = training.standard_callbacks(wd, time_budget, max_steps) + [schedule, *callbacks]
     with object_limit_errors(max_objects):
         model.fit(train_ds, validation_data=valid_ds, epochs=epochs, callbacks=callbacks)

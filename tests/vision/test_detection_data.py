@@ -246,6 +246,35 @@ def test_training_batches_are_augmented_reproducibly():
         assert np.all((boxes >= 0) & (boxes <= 1)) and np.all(boxes[:, 2:] > 0)
 
 
+def test_flip_and_no_augmentation_keep_the_evaluation_resize():
+    source = data.load_source("embedded", num_train=8, num_valid=4, embedded_size=64)
+    kwargs = dict(batch_size=8, max_objects=6, image_size=48, seed=5)
+
+    def batch(**more):  # unshuffled records, so that the batches can be compared
+        return next(iter(make_batches(source.records("train"), **kwargs, **more)))
+
+    plain = batch()
+    none = batch(training=True, augmentation="none")
+    np.testing.assert_array_equal(none[0]["images"], plain[0]["images"])
+    np.testing.assert_array_equal(none[1]["boxes"], plain[1]["boxes"])
+    flipped = batch(training=True, augmentation="flip")
+    assert flipped[0]["images"].shape == plain[0]["images"].shape  # no scale, no crop
+    mirrored = 0
+    for i in range(8):
+        image, plain_image = flipped[0]["images"][i].numpy(), plain[0]["images"][i].numpy()
+        boxes, plain_boxes = flipped[1]["boxes"][i].numpy(), plain[1]["boxes"][i].numpy()
+        valid = plain[1]["valid"][i].numpy()
+        if np.array_equal(image, plain_image[:, ::-1]) and not np.array_equal(image, plain_image):
+            mirrored += 1
+            plain_boxes[:, 0] = 1 - plain_boxes[:, 0]  # cx mirrors; cy, w, h stay
+        else:
+            np.testing.assert_array_equal(image, plain_image)
+        np.testing.assert_allclose(boxes[valid], plain_boxes[valid], atol=1e-6)
+    assert 0 < mirrored < 8
+    with pytest.raises(ValueError, match="augmentation"):
+        make_batches(source.records("train"), augmentation="crop", **kwargs)
+
+
 def _expected_tfds(example, crowd_key):
     h, w = example["image"].shape[:2]
     # Mock data draws each object field's length independently: the common prefix counts.

@@ -2,6 +2,7 @@
 
 import json
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,8 +13,9 @@ from vision.config import preset
 from vision.evaluate import coco_evaluate, evaluate_records
 from vision.export import preprocess_images
 from vision.model import build_model
+from vision.optimizer import DetrAdamW
 from vision.plots import cross_attention, draw_detections, plot_query_attention
-from vision.train import object_limit_errors, step_decay, train_detr
+from vision.train import LearningRateDrop, object_limit_errors, train_detr
 
 # COCO's AP is the mean, over IoU thresholds 0.50:0.05:0.95 and over the categories with
 # ground truth, of the precision interpolated (made non-increasing) at the 101 recall points
@@ -117,9 +119,62 @@ def test_too_many_objects_become_a_value_error(tmp_path):
                    config_overrides={"num_queries": 2}, valid_fraction=0.0, log=lambda *a: None)
 
 
-def test_step_decay_is_detr_steplr():
-    schedule = step_decay(2e-4, 3)
-    assert [schedule(e) for e in range(5)] == pytest.approx([2e-4] * 3 + [2e-5] * 2)
+class _Holder:
+    """Stands for the model: the callback only needs its optimizer."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+def _lr(optimizer):
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def test_learning_rate_drop_by_epoch_is_detr_steplr():
+    optimizer = DetrAdamW(learning_rate=2e-4)
+    drop = LearningRateDrop(2e-4, drop_epoch=3)
+    drop.set_model(_Holder(optimizer))
+    drop.on_train_begin()
+    rates = []
+    for epoch in range(5):
+        drop.on_epoch_begin(epoch)
+        drop.on_train_batch_begin(0)
+        logs = {}
+        drop.on_epoch_end(epoch, logs)
+        rates.append(_lr(optimizer))
+        assert logs["learning_rate"] == pytest.approx(rates[-1])
+    assert rates == pytest.approx([2e-4] * 3 + [2e-5] * 2)
+
+
+def test_learning_rate_drop_at_a_share_of_the_steps_or_the_time():
+    optimizer = DetrAdamW(learning_rate=1e-3)
+    drop = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
+    drop.set_model(_Holder(optimizer))
+    drop.on_train_begin()
+    drop.on_epoch_begin(0)
+    for step in range(10):
+        optimizer.iterations.assign(step)
+        drop.on_train_batch_begin(step)
+        assert _lr(optimizer) == pytest.approx(1e-3 if step < 8 else 1e-4), step
+    # A run resumed past the drop starts dropped.
+    resumed = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
+    resumed.set_model(_Holder(optimizer))
+    optimizer.learning_rate = 1e-3
+    resumed.on_train_begin()
+    assert _lr(optimizer) == pytest.approx(1e-4)
+
+    now = [0.0]
+    optimizer = DetrAdamW(learning_rate=1e-3)
+    timed = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.5, time_budget=2.0,
+                             clock=lambda: now[0])
+    timed.set_model(_Holder(optimizer))
+    timed.on_train_begin()
+    for seconds, expected in ((0, 1e-3), (59.9, 1e-3), (60.0, 1e-4), (30.0, 1e-4)):
+        now[0] = seconds
+        timed.on_train_batch_begin(0)
+        assert _lr(optimizer) == pytest.approx(expected), seconds  # never raised again
+    with pytest.raises(ValueError, match="drop_fraction"):
+        LearningRateDrop(1e-3, 10, drop_fraction=1.5)
 
 
 SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32),

@@ -202,6 +202,32 @@ def test_criterion_adds_the_proposal_losses():
     assert with_enc["loss"] == pytest.approx(without["loss"] + extra, rel=1e-5)
 
 
+def test_each_object_is_matched_to_several_proposals():
+    # One image, one object of class 1; the two proposals nearest to it are also the most
+    # confident, so they take the object when it is repeated twice.
+    target = np.array([0.5, 0.5, 0.2, 0.2], "float32")
+    shifts = np.array([0.01, 0.2, 0.03, 0.1], "float32")
+    proposal_boxes = np.stack([target + [d, 0, 0, 0] for d in shifts])[None]  # (1, 4, 4)
+    logits = np.zeros((1, 4, NUM_CLASSES + 1), "float32")
+    logits[0, :, 1] = [2.0, 0.0, 1.0, 0.0]
+    decoder = {"pred_logits": logits[:, :2], "pred_boxes": proposal_boxes[:, :2]}
+    outputs = {**decoder, "enc_outputs": {"pred_logits": logits, "pred_boxes": proposal_boxes}}
+    targets = {"labels": np.array([[1]]), "boxes": target[None, None],
+               "valid": np.array([[True]])}
+    criterion = SetCriterion(NUM_CLASSES, HungarianMatcher(), proposal_matches=2)
+    losses = {k: float(v) for k, v in criterion(outputs, targets).items()}
+    # Matched: proposals 0 and 2 (L1 0.01 and 0.03), divided by 2 x 1 object.
+    assert losses["loss_bbox_enc"] == pytest.approx((0.01 + 0.03) / 2, rel=1e-4)
+    log_p = logits[0] - np.log(np.exp(logits[0]).sum(-1, keepdims=True))  # (4, C + 1)
+    nll = -log_p[[0, 1, 2, 3], [1, NUM_CLASSES, 1, NUM_CLASSES]]  # class 1 or no-object
+    weights = np.array([1.0, 0.1, 1.0, 0.1])  # eos_coef for no-object
+    assert losses["loss_ce_enc"] == pytest.approx((weights * nll).sum() / weights.sum(), rel=1e-5)
+    # The decoder's own matching stays one-to-one: query 0 (L1 0.01) only.
+    assert losses["loss_bbox"] == pytest.approx(0.01, rel=1e-4)
+    with pytest.raises(ValueError, match="proposal_matches"):
+        SetCriterion(NUM_CLASSES, HungarianMatcher(), proposal_matches=0)
+
+
 @pytest.mark.parametrize("query_type", ["reference", "encoder"])
 def test_query_types_round_trip_through_keras_files(tmp_path, query_type):
     refine = query_type == "encoder"
