@@ -5,10 +5,11 @@ optimizer step: forward, set loss with matching of every decoder layer, backward
 on the same outputs, the matcher alone (scipy and ``keras.ops`` solvers, every decoder layer,
 as the loss calls it), each the median of several repetitions after a warm-up. Prints the
 matcher's share of the step and, for the setting of DESIGN section 8's reference run of
-facebookresearch/detr (tiny, batch 16, 128 px), the ratio to its 0.34 s/step (a figure
-measured elsewhere, on a 2-core CPU: not timed here).
+facebookresearch/detr (vanilla ``tiny-detr``, batch 16, 128 px), the ratio to its 0.34 s/step
+(a figure measured elsewhere, on a 2-core CPU: not timed here). ``tiny`` adds the two-stage
+proposals (matched too) and box refinement.
 
-    python benchmarks/detr.py [--repeats 5] [--only tiny,tiny16,r50]
+    python benchmarks/detr.py [--repeats 5] [--only tiny,tiny16,tiny-detr16,r50]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ PEER_TINY_B16_S = 0.34  # facebookresearch/detr, DESIGN section 8 (PyTorch, 2 th
 SETTINGS = {  # name: (preset, batch, image side, objects per image)
     "tiny": ("tiny", 2, 128, 4),
     "tiny16": ("tiny", 16, 128, 4),
+    "tiny-detr16": ("tiny-detr", 16, 128, 4),  # vanilla DETR: the reference's setting
     "r50": ("r50", 2, 256, 4),
 }
 
@@ -74,6 +76,8 @@ def measure(name: str, repeats: int) -> dict:
 
     outputs = model(x, training=True)
     layers = [outputs] + list(outputs["aux_outputs"])
+    if "enc_outputs" in outputs:  # two-stage proposals, matched as well
+        layers.append(outputs["enc_outputs"])
     row = {"setting": f"{preset_name} B{batch} {side}px", "step_s": step}
     for solver in ("scipy", "ops"):
         matcher = HungarianMatcher(config.cost_class, config.cost_bbox, config.cost_giou,
@@ -109,7 +113,7 @@ def main(argv=None) -> int:
         print(f"{r['setting']:<18}{r['step_s'] * 1e3:>8.0f}ms{r['match_scipy_s'] * 1e3:>15.1f}ms"
               f"{r['match_scipy_s'] / r['step_s']:>8.1%}{r['match_ops_s'] * 1e3:>13.1f}ms"
               f"{r['match_ops_s'] / r['match_scipy_s']:>13.2f}", flush=True)
-        if name == "tiny16":
+        if name == "tiny-detr16":
             print(f"{'':<18}ratio = ours / facebookresearch/detr reference "
                   f"({PEER_TINY_B16_S} s/step): {r['step_s'] / PEER_TINY_B16_S:.2f}")
     return 0

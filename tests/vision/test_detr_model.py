@@ -1,6 +1,7 @@
 """Tests for the DETR model, its backbones, config, optimizer and post-processing."""
 
 import dataclasses
+import re
 
 import keras
 import numpy as np
@@ -46,6 +47,15 @@ def test_config_presets_and_overrides():
     tiny = preset("tiny", num_queries=7)
     assert (tiny.backbone, tiny.num_queries, tiny.hidden_dim) == ("tiny", 7, 128)
     assert preset("tiny").num_queries == 20  # the preset itself is unchanged
+    vanilla = preset("tiny-detr")  # DETR at the reference CPU run's size
+    assert (vanilla.query_type, vanilla.attention_radius, vanilla.box_refinement) == (
+        "learned", None, False)
+    assert (vanilla.dropout, vanilla.augmentation, vanilla.backbone_learning_rate) == (
+        0.1, "detr", 2e-5)
+    assert (r50.query_type, r50.box_refinement, r50.augmentation) == ("learned", False, "detr")
+    fast = preset("tiny")  # the same size with the convergence aids
+    assert (fast.hidden_dim, fast.num_queries, fast.backbone) == (128, 20, "tiny")
+    assert (fast.query_type, fast.box_refinement, fast.attention_radius) == ("encoder", True, 0.3)
     with pytest.raises(dataclasses.FrozenInstanceError):
         tiny.hidden_dim = 64
     with pytest.raises(ValueError, match="num_querys"):
@@ -97,8 +107,9 @@ def test_tiny_backbone_stride_and_zero_padding():
 
 
 @pytest.mark.parametrize(
-    "queries", [{}, {"query_type": "reference", "attention_radius": 0.4},
-                {"query_type": "encoder", "attention_radius": 0.4},
+    "queries", [{"query_type": "learned", "attention_radius": None, "box_refinement": False},
+                {"query_type": "reference", "attention_radius": 0.4, "box_refinement": False},
+                {"query_type": "encoder", "attention_radius": 0.4, "box_refinement": False},
                 {"query_type": "encoder", "attention_radius": 0.4, "box_refinement": True}],
     ids=["learned", "reference", "encoder", "encoder-refined"],
 )
@@ -134,7 +145,7 @@ def test_padded_batch_equals_each_image_alone(queries):
 
 
 def test_backbone_variables_get_a_ten_times_smaller_learning_rate():
-    config = preset("tiny", **SMALL, weight_decay=0.0)
+    config = preset("tiny-detr", **SMALL, weight_decay=0.0)
     model = build_model(config, NUM_CLASSES)
     optimizer = build_optimizer(config, model)
     variables = model.trainable_variables
@@ -176,8 +187,8 @@ def test_gradients_are_clipped_by_the_global_norm_of_all_gradients():
     np.testing.assert_allclose(momentum["b_momentum"], 0.1 * 4.0 * 0.1 / total_norm, rtol=1e-5)
 
 
-def _compiled_small_model():
-    config = preset("tiny", **SMALL)
+def _compiled_small_model(name="tiny-detr"):
+    config = preset(name, **SMALL)
     model = build_model(config, NUM_CLASSES)
     model.compile(
         optimizer=build_optimizer(config, model), criterion=build_criterion(config, NUM_CLASSES)
@@ -192,8 +203,9 @@ def _fit_inputs():
     return {"images": _images(rng, 2, 32, 32), "mask": mask}
 
 
-def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path):
-    model = _compiled_small_model()
+@pytest.mark.parametrize("name", ["tiny-detr", "tiny"])
+def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path, name):
+    model = _compiled_small_model(name)
     assert model.jit_compile is False  # the scipy matcher is a host callback
     x, y = _fit_inputs(), _targets()
     before = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
@@ -205,11 +217,17 @@ def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path):
     changed = {v.path for v, b, a in zip(model.trainable_variables, before, after)
                if not np.array_equal(b, a)}
     assert {v.path for v in model.backbone_variables} <= changed
-    assert "detr/query_embed" in changed
-    # As in DETR, the first decoder layer's self-attention sees zeros (the decoder input) and
-    # its value bias starts at zero, so its weights get no gradient on the first step.
     unchanged = {v.path for v in model.trainable_variables} - changed
-    assert unchanged and all("decoder/layer_0/self_attention" in p for p in unchanged)
+    if name == "tiny-detr":
+        assert "detr/query_embed" in changed
+        # As in DETR, the first decoder layer's self-attention sees zeros (the decoder input)
+        # and its value bias starts at zero, so its weights get no gradient on the first step.
+        assert unchanged and all("decoder/layer_0/self_attention" in p for p in unchanged)
+    else:  # two-stage queries start from the chosen cells' features, so the first layer
+        # learns; on these 2 x 2-cell images a query's attention window may hold one cell,
+        # whose softmax weight is 1 whatever its query and key: those get no gradient.
+        assert all(re.search(r"cross_attention/(query|key)/", p) for p in unchanged)
+        assert any("proposal_class_head" in p for p in changed)
 
     # `.keras` round trip: same outputs, same optimizer (state and backbone rate), criterion.
     path = str(tmp_path / "detr.keras")
@@ -219,7 +237,8 @@ def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path):
     ours, theirs = _numpy_outputs(model(x)), _numpy_outputs(loaded(x))
     keras.tree.map_structure(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), ours, theirs)
     assert isinstance(loaded.optimizer, DetrAdamW) and loaded.optimizer.has_backbone_variables
-    assert loaded.optimizer.backbone_lr_multiplier == pytest.approx(0.1)
+    assert loaded.optimizer.backbone_lr_multiplier == pytest.approx(
+        0.1 if name == "tiny-detr" else 1.0)
     assert int(loaded.optimizer.iterations.numpy()) == 1
     assert loaded.jit_compile is False
 

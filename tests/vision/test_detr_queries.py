@@ -68,9 +68,10 @@ def test_query_type_and_radius_are_checked():
     with pytest.raises(ValueError, match="query_type"):
         build_model(preset("tiny", **SMALL, query_type="anchors"), NUM_CLASSES)
     with pytest.raises(ValueError, match="attention_radius"):
-        build_model(preset("tiny", **SMALL, attention_radius=0.3), NUM_CLASSES)  # learned
+        build_model(preset("tiny-detr", **SMALL, attention_radius=0.3), NUM_CLASSES)
     with pytest.raises(ValueError, match="attention_radius"):
-        build_model(preset("tiny", **SMALL, query_type="reference", attention_radius=0),
+        build_model(preset("tiny", **SMALL, query_type="reference", attention_radius=0,
+                           box_refinement=False),
                     NUM_CLASSES)
     with pytest.raises(ValueError, match="box_refinement"):
         build_model(preset("tiny", **SMALL, query_type="reference", box_refinement=True),
@@ -80,17 +81,17 @@ def test_query_type_and_radius_are_checked():
 @pytest.mark.parametrize("query_type", ["reference", "encoder"])
 def test_cross_attention_stays_within_the_radius(query_type):
     radius = 0.3
-    model = build_model(
-        preset("tiny", **SMALL, query_type=query_type, attention_radius=radius), NUM_CLASSES
-    )
+    model = build_model(preset("tiny", **SMALL, query_type=query_type, attention_radius=radius,
+                               box_refinement=query_type == "encoder"), NUM_CLASSES)
     rng = np.random.default_rng(1)
     inputs = _inputs(rng, height=96, width=128)  # 6 x 8 cells
     inputs["mask"][1, :, 80:] = False  # second image: 96 x 80 valid, 6 x 5 cells
-    outputs, weights, (h, w) = model.forward(inputs, return_cross_attention=True)
-    weights = keras.ops.convert_to_numpy(weights)  # (L, B, heads, Q, S)
-    # With a zero box head, boxes = sigmoid(reference): the reference points themselves.
+    # With a zero box head, boxes = sigmoid(reference): the reference points themselves (the
+    # same for every layer, also with box refinement).
     for v in (model.box_head[-1].kernel, model.box_head[-1].bias):
         v.assign(keras.ops.zeros_like(v))
+    outputs, weights, (h, w) = model.forward(inputs, return_cross_attention=True)
+    weights = keras.ops.convert_to_numpy(weights)  # (L, B, heads, Q, S)
     points = keras.ops.convert_to_numpy(model(inputs)["pred_boxes"])[..., :2]  # (B, Q, 2)
     for b, valid_w in enumerate((8, 5)):
         cols, rows = np.meshgrid(np.arange(w), np.arange(h))  # (h, w)
@@ -107,7 +108,8 @@ def test_cross_attention_stays_within_the_radius(query_type):
 
 
 def test_reference_points_start_on_a_grid_and_shift_the_box_centres():
-    model = build_model(preset("tiny", **SMALL, query_type="reference"), NUM_CLASSES)
+    model = build_model(preset("tiny", **SMALL, query_type="reference", box_refinement=False),
+                        NUM_CLASSES)
     points = 1 / (1 + np.exp(-keras.ops.convert_to_numpy(model.reference_logits)))
     side = 3  # ceil(sqrt(6))
     expected = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / side] for i in range(6)]
@@ -123,7 +125,7 @@ def test_reference_points_start_on_a_grid_and_shift_the_box_centres():
 
 
 def test_two_stage_queries_are_the_best_proposals():
-    model = build_model(preset("tiny", **SMALL, query_type="encoder"), NUM_CLASSES)
+    model = build_model(preset("tiny", **SMALL, box_refinement=False), NUM_CLASSES)
     rng = np.random.default_rng(3)
     inputs = _inputs(rng, height=96, width=128)  # 6 x 8 = 48 cells
     inputs["mask"][1, 48:, :] = False  # second image: 3 x 8 valid cells
@@ -153,7 +155,7 @@ def test_box_refinement_adds_each_layer_offset_to_the_previous_boxes():
     config = preset("tiny", **SMALL, query_type="encoder", box_refinement=True)
     model = build_model(config, NUM_CLASSES)
     inputs = _inputs(np.random.default_rng(7))
-    plain = build_model(preset("tiny", **SMALL, query_type="encoder"), NUM_CLASSES)
+    plain = build_model(preset("tiny", **SMALL, box_refinement=False), NUM_CLASSES)
     plain.set_weights(model.get_weights())  # same weights, no refinement
     offset = np.array([0.3, -0.2, 0.1, 0.25], "float32")
     for m in (model, plain):  # every layer predicts the same logit offset
