@@ -58,7 +58,8 @@ class DetrConfig:
     loss_ce: float = 1.0
     loss_bbox: float = 5.0
     loss_giou: float = 2.0
-    # Two-stage queries only: how many proposals each object is matched to (one-to-many).
+    # How many proposals each object is matched to (one-to-many); used only with
+    # query_type="encoder", the only one with proposals.
     proposal_matches: int = 1
     # "scipy": exact host solver; the train step must run with jit_compile=False.
     # "ops": pure keras.ops solver, same minimum cost, lets the whole step compile with XLA.
@@ -73,7 +74,8 @@ class DetrConfig:
     epochs: int = 300
     lr_drop_epochs: int = 200  # both learning rates are multiplied by 0.1 after this epoch
     # A run bounded by --max-steps or --time-budget drops them once this share of the bound is
-    # spent (if that comes before lr_drop_epochs): DETR's 200 of 300 epochs.
+    # spent (if that comes before lr_drop_epochs): DETR's 200 of 300 epochs. In DETR the drop
+    # is where much of the final AP comes from; so it is in short runs (benchmarks/README.md).
     lr_drop_fraction: float | None = 2 / 3
 
     # Data.

@@ -53,12 +53,15 @@ class SetCriterion:
             one per encoder cell) each object is matched to: the targets are repeated this
             many times before the Hungarian matching (one-to-many, as H-DETR's hybrid
             branch), and the box losses are divided by this many times ``num_boxes``. Their
-            losses are ``loss_ce_enc``, ``loss_bbox_enc``, ``loss_giou_enc``.
+            losses are ``loss_ce_enc``, ``loss_bbox_enc``, ``loss_giou_enc``, added whenever
+            ``outputs`` has ``enc_outputs`` (whatever `aux_loss` says).
 
     Call arguments:
         outputs: Dict with ``pred_logits`` `(B, Q, C + 1)`, ``pred_boxes`` `(B, Q, 4)`
             (normalized cxcywh) and optionally ``aux_outputs``: a list of such dicts, one per
-            earlier decoder layer.
+            earlier decoder layer, and ``enc_outputs``: such a dict for two-stage proposals,
+            with ``valid`` `(B, S)` bool marking the proposals that may be matched (the
+            others are never matched and take no part in the loss).
         targets: Dict with ``labels`` `(B, M)` int in `[0, C)`, ``boxes`` `(B, M, 4)`
             normalized cxcywh and ``valid`` `(B, M)` bool (False = padding).
         num_boxes: Optional normalizer for the box losses: the number of valid targets
@@ -66,7 +69,8 @@ class SetCriterion:
 
     Returns:
         Dict of float32 scalars: ``loss_ce``, ``loss_bbox``, ``loss_giou``; for aux layer `i`
-        ``loss_ce_i``, ``loss_bbox_i``, ``loss_giou_i``; and ``loss``, the weighted sum.
+        ``loss_ce_i``, ``loss_bbox_i``, ``loss_giou_i``; with ``enc_outputs``,
+        ``loss_ce_enc``, ``loss_bbox_enc``, ``loss_giou_enc``; and ``loss``, the weighted sum.
     """
 
     def __init__(
@@ -161,7 +165,13 @@ class SetCriterion:
                 f"`{where}['pred_logits']` must have shape (B, Q, num_classes + 1) = "
                 f"(B, Q, {self.num_classes + 1}). Received: shape={tuple(logits.shape)}"
             )
-        indices = self.matcher(logits, pred_boxes, labels, boxes, valid)
+        pred_valid = layer.get("valid")  # (B, Q) bool or None: predictions that may match
+        if pred_valid is None:
+            indices = self.matcher(logits, pred_boxes, labels, boxes, valid)
+        else:
+            pred_valid = ops.cast(pred_valid, "bool")
+            indices = self.matcher(logits, pred_boxes, labels, boxes, valid, pred_valid=pred_valid)
+            indices = ops.where(pred_valid, indices, -1)
         indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
         matched = indices >= 0  # (B, Q)
         safe_indices = ops.maximum(indices, 0)
@@ -172,6 +182,8 @@ class SetCriterion:
         log_probs = ops.log_softmax(logits, axis=-1)
         nll = -ops.take_along_axis(log_probs, target_classes[..., None], axis=-1)[..., 0]
         weights = ops.where(matched, 1.0, self.eos_coef)  # (B, Q)
+        if pred_valid is not None:  # invalid predictions take no part in the loss
+            weights = ops.where(pred_valid, weights, 0.0)
         loss_ce = _safe_divide(ops.sum(weights * nll), ops.sum(weights))
 
         # Box losses over matched pairs only.

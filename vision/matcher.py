@@ -258,6 +258,11 @@ def _shortest_augmenting_path(cost: Any, row_active: Any, col_allowed: Any) -> t
 # --- DETR's matching cost -------------------------------------------------------------------
 
 
+# Cost of a prediction that must not be matched: far above any real cost (with DETR's
+# weights at most 5 * 4 + 1 + 2 * 2), small enough to keep float32 precision in the solvers.
+_INVALID_COST = 1e4
+
+
 @keras.saving.register_keras_serializable(package="vision")
 class HungarianMatcher:
     """Optimal one-to-one matching of DETR predictions to ground-truth objects.
@@ -280,6 +285,10 @@ class HungarianMatcher:
         labels: `(B, M)` int target classes in `[0, C)` (any value where padded).
         boxes: `(B, M, 4)` target boxes, normalized cxcywh.
         valid: `(B, M)` bool, True for real targets.
+        pred_valid: optional `(B, Q)` bool, False for predictions that must stay unmatched
+            (e.g. two-stage proposals of padded feature cells); their cost is made
+            prohibitive, and any match they still get (more targets than valid predictions)
+            is dropped.
 
     Returns:
         `(B, Q)` int32: matched target index per query, -1 where unmatched.
@@ -326,10 +335,16 @@ class HungarianMatcher:
         return self.cost_bbox * l1 - self.cost_class * prob_of_label - self.cost_giou * giou
 
     def __call__(
-        self, pred_logits: Any, pred_boxes: Any, labels: Any, boxes: Any, valid: Any
+        self, pred_logits: Any, pred_boxes: Any, labels: Any, boxes: Any, valid: Any,
+        pred_valid: Any = None,
     ) -> Any:
         cost = self.cost_matrix(pred_logits, pred_boxes, labels, boxes)
-        return ops.stop_gradient(assign(cost, valid, solver=self.solver))
+        if pred_valid is None:
+            return ops.stop_gradient(assign(cost, valid, solver=self.solver))
+        pred_valid = ops.cast(pred_valid, "bool")
+        cost = ops.where(pred_valid[..., None], cost, _INVALID_COST)  # (B, Q, M)
+        indices = assign(cost, valid, solver=self.solver)
+        return ops.stop_gradient(ops.where(pred_valid, indices, -1))
 
     def get_config(self) -> dict:
         return {

@@ -147,6 +147,11 @@ class DETR(keras.Model):
         dict with ``"pred_logits"`` ``(B, Q, C + 1)``, ``"pred_boxes"`` ``(B, Q, 4)``
         (normalized cxcywh in [0, 1], float32) and ``"aux_outputs"``: a list of
         ``num_decoder_layers - 1`` dicts with the same two keys, one per earlier decoder layer.
+        With ``query_type="encoder"`` also ``"enc_outputs"``: the proposals of every feature
+        cell, ``pred_logits`` ``(B, S, C + 1)``, ``pred_boxes`` ``(B, S, 4)`` and ``valid``
+        ``(B, S)`` (False for padded cells). ``S`` depends on the padded image size, so
+        ``model.predict`` over batches of different sizes cannot concatenate them: call the
+        model per batch (as `vision.export` does) or use fixed-size batches.
     """
 
     def __init__(
@@ -282,7 +287,8 @@ class DETR(keras.Model):
         elif self.query_type == "reference":
             # Points on a regular grid over the image, stored as logits (inverse sigmoid).
             side = math.ceil(math.sqrt(q))
-            grid = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / side] for i in range(q)]
+            rows = math.ceil(q / side)  # the rows actually used, so the grid spans the image
+            grid = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / rows] for i in range(q)]
             self.reference_logits = self.add_weight(
                 shape=(q, 2), initializer=keras.initializers.Constant(
                     [[math.log(v / (1.0 - v)) for v in point] for point in grid]),
@@ -436,8 +442,8 @@ class DETR(keras.Model):
         return query_pos
 
     def _cell_centres(self, feature_valid):
-        """``(B, h, w)`` validity -> cell centres ``cx``, ``cy`` normalized by the valid extent,
-        and the valid width and height in cells ``(B, 1, w)``/``(B, h, 1)``."""
+        """``(B, h, w)`` validity -> cell centres ``cx``, ``cy`` ``(B, h, w)`` normalized by the
+        valid extent, and the valid width ``(B, h, 1)`` and height ``(B, 1, w)`` in cells."""
         valid = ops.cast(feature_valid, "float32")  # (B, h, w)
         cells_h = ops.sum(valid, axis=1, keepdims=True)  # (B, 1, w)
         cells_w = ops.sum(valid, axis=2, keepdims=True)  # (B, h, 1)
@@ -469,7 +475,8 @@ class DETR(keras.Model):
         for layer in self.proposal_box_head:
             boxes = layer(boxes)
         boxes = ops.cast(boxes, "float32") + anchors  # (B, S, 4) logits
-        proposals = {"pred_logits": logits, "pred_boxes": ops.sigmoid(boxes)}
+        # "valid": padded cells are never matched and take no part in the loss.
+        proposals = {"pred_logits": logits, "pred_boxes": ops.sigmoid(boxes), "valid": valid}
 
         # Object score of each cell; Q dummy candidates (never better than a valid cell)
         # keep top_k defined when the feature map has fewer than Q cells.

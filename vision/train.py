@@ -55,8 +55,10 @@ class LearningRateDrop(keras.callbacks.Callback):
     as well once ``drop_fraction`` of that bound is spent (steps taken, or wall-clock time
     since training began), whichever comes first: such runs stop long before ``drop_epoch``.
     `vision.optimizer.DetrAdamW` scales the backbone's rate with it. Steps count from the
-    optimizer's iterations, so a resumed run keeps its place; the time of a resumed run
-    counts from its own start.
+    optimizer's iterations (read at each epoch's start, after `BackupAndRestore` restored
+    them), so a resumed run keeps its place; the time of a resumed run counts from its own
+    start, as its ``--time-budget`` does. Wall-clock drops are per process: with several
+    workers, bound the run by steps.
 
     Args:
         learning_rate: the initial rate.
@@ -76,31 +78,32 @@ class LearningRateDrop(keras.callbacks.Callback):
         self.learning_rate, self.drop_epoch = float(learning_rate), int(drop_epoch)
         self.drop_fraction, self.max_steps, self.time_budget = drop_fraction, max_steps, time_budget
         self.clock, self.start, self.dropped = clock, None, False
+        self._epoch_start_step = 0
 
     def _set(self, dropped: bool) -> None:
         self.dropped = dropped
         self.model.optimizer.learning_rate = self.learning_rate * (0.1 if dropped else 1.0)
 
-    def _past_fraction(self) -> bool:
+    def _past_fraction(self, steps: int) -> bool:
         if self.drop_fraction is None:
             return False
-        if self.max_steps is not None:
-            steps = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-            if steps >= self.drop_fraction * self.max_steps:
-                return True
+        if self.max_steps is not None and steps >= self.drop_fraction * self.max_steps:
+            return True
         if self.time_budget is not None:
             return self.clock() - self.start >= self.drop_fraction * 60.0 * self.time_budget
         return False
 
     def on_train_begin(self, logs=None):
-        self.start = self.clock()
-        self._set(self._past_fraction())
+        self.start, self.dropped = self.clock(), False
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._set(self.dropped or epoch >= self.drop_epoch or self._past_fraction())
+        self._epoch_start_step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        past = self._past_fraction(self._epoch_start_step)
+        self._set(self.dropped or epoch >= self.drop_epoch or past)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if not self.dropped and self._past_fraction():
+        # `batch` counts the epoch's steps, so no device read per step.
+        if not self.dropped and self._past_fraction(self._epoch_start_step + batch):
             self._set(True)
 
     def on_epoch_end(self, epoch, logs=None):
@@ -143,7 +146,7 @@ def train_detr(data_spec: str, workdir: str, preset_name: str = "tiny",
     Args:
         data_spec: ``embedded``, ``coco:IMAGES_DIR:ANNOTATIONS.json`` or ``tfds:NAME``.
         workdir: work directory (created; nothing in it is deleted).
-        preset_name: ``tiny`` or ``r50``.
+        preset_name: ``tiny``, ``tiny-detr`` or ``r50`` (`vision.config.PRESETS`).
         epochs: epochs (default: the preset's, or unlimited with ``max_steps``/``time_budget``).
         max_steps: stop after this many steps in total.
         time_budget: stop training after this many minutes, then export and evaluate.
@@ -216,7 +219,8 @@ def train_detr(data_spec: str, workdir: str, preset_name: str = "tiny",
     epochs = training.plan_epochs(epochs, max_steps, steps_per_epoch)
     schedule = LearningRateDrop(config.learning_rate, config.lr_drop_epochs,
                                 config.lr_drop_fraction, max_steps, time_budget)
-    callbacks = training.standard_callbacks(wd, time_budget, max_steps) + [schedule, *callbacks]
+    # The schedule first: it puts `learning_rate` into the logs the other callbacks record.
+    callbacks = [schedule, *training.standard_callbacks(wd, time_budget, max_steps), *callbacks]
     with object_limit_errors(max_objects):
         model.fit(train_ds, validation_data=valid_ds, epochs=epochs, callbacks=callbacks)
     train_seconds = time.monotonic() - started

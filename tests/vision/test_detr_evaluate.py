@@ -151,16 +151,27 @@ def test_learning_rate_drop_at_a_share_of_the_steps_or_the_time():
     drop = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
     drop.set_model(_Holder(optimizer))
     drop.on_train_begin()
-    drop.on_epoch_begin(0)
+    drop.on_epoch_begin(0)  # reads the optimizer's iterations once per epoch
     for step in range(10):
-        optimizer.iterations.assign(step)
-        drop.on_train_batch_begin(step)
+        drop.on_train_batch_begin(step)  # the step about to be taken
         assert _lr(optimizer) == pytest.approx(1e-3 if step < 8 else 1e-4), step
-    # A run resumed past the drop starts dropped.
+    # A run resumed past the drop (iterations restored before the epoch) starts dropped.
     resumed = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
     resumed.set_model(_Holder(optimizer))
     optimizer.learning_rate = 1e-3
     resumed.on_train_begin()
+    optimizer.iterations.assign(8)  # what BackupAndRestore does in its on_train_begin
+    resumed.on_epoch_begin(3)
+    assert _lr(optimizer) == pytest.approx(1e-4)
+    # Counting goes on from the restored iterations: 6 + batch 2 = step 8.
+    midway = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
+    midway.set_model(_Holder(optimizer))
+    optimizer.iterations.assign(6)
+    midway.on_train_begin()
+    midway.on_epoch_begin(1)
+    midway.on_train_batch_begin(1)
+    assert _lr(optimizer) == pytest.approx(1e-3)
+    midway.on_train_batch_begin(2)
     assert _lr(optimizer) == pytest.approx(1e-4)
 
     now = [0.0]
@@ -169,6 +180,7 @@ def test_learning_rate_drop_at_a_share_of_the_steps_or_the_time():
                              clock=lambda: now[0])
     timed.set_model(_Holder(optimizer))
     timed.on_train_begin()
+    timed.on_epoch_begin(0)
     for seconds, expected in ((0, 1e-3), (59.9, 1e-3), (60.0, 1e-4), (30.0, 1e-4)):
         now[0] = seconds
         timed.on_train_batch_begin(0)

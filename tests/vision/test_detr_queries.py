@@ -111,8 +111,8 @@ def test_reference_points_start_on_a_grid_and_shift_the_box_centres():
     model = build_model(preset("tiny", **SMALL, query_type="reference", box_refinement=False),
                         NUM_CLASSES)
     points = 1 / (1 + np.exp(-keras.ops.convert_to_numpy(model.reference_logits)))
-    side = 3  # ceil(sqrt(6))
-    expected = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / side] for i in range(6)]
+    # 6 queries: 3 columns x 2 rows covering the image.
+    expected = [[x, y] for y in (0.25, 0.75) for x in (1 / 6, 0.5, 5 / 6)]
     np.testing.assert_allclose(points, expected, atol=1e-6)
     rng = np.random.default_rng(2)
     inputs = _inputs(rng)
@@ -246,3 +246,32 @@ def test_query_types_round_trip_through_keras_files(tmp_path, query_type):
     np.testing.assert_allclose(
         _numpy(loaded(inputs))["pred_boxes"], _numpy(model(inputs))["pred_boxes"], atol=1e-6
     )
+
+
+def test_padded_cells_are_never_matched_to_objects():
+    # Three proposals; the best box for the object sits on a padded cell.
+    target = np.array([0.5, 0.5, 0.9, 0.9], "float32")
+    proposal_boxes = np.array([[target, [0.3, 0.3, 0.2, 0.2], [0.7, 0.7, 0.3, 0.3]]], "float32")
+    logits = np.zeros((1, 3, NUM_CLASSES + 1), "float32")
+    logits[0, 0, 0] = 5.0  # the padded cell: its no-object loss would be large
+    enc = {"pred_logits": logits, "pred_boxes": proposal_boxes,
+           "valid": np.array([[False, True, True]])}
+    decoder = {"pred_logits": logits[:, 1:], "pred_boxes": proposal_boxes[:, 1:]}
+    targets = {"labels": np.array([[0, 2]]), "boxes": np.stack([target, target])[None],
+               "valid": np.array([[True, False]])}
+    matcher = HungarianMatcher()
+    indices = keras.ops.convert_to_numpy(
+        matcher(logits, proposal_boxes, targets["labels"], targets["boxes"], targets["valid"],
+                pred_valid=enc["valid"]))
+    np.testing.assert_array_equal(indices, [[-1, -1, 0]])  # cell 2 is nearer than cell 1
+    losses = SetCriterion(NUM_CLASSES, matcher)({**decoder, "enc_outputs": enc}, targets)
+    l1 = np.abs(proposal_boxes[0, 2] - target).sum()
+    assert float(losses["loss_bbox_enc"]) == pytest.approx(l1, rel=1e-5)
+    # Valid cells have uniform logits: -log(1/4) each; the padded cell has weight 0.
+    assert float(losses["loss_ce_enc"]) == pytest.approx(np.log(4), rel=1e-5)
+    # More objects than valid proposals: the padded one still stays unmatched.
+    crowded = {**targets, "valid": np.array([[True, True]])}
+    indices = keras.ops.convert_to_numpy(
+        matcher(logits, proposal_boxes, crowded["labels"], crowded["boxes"], crowded["valid"],
+                pred_valid=np.array([[False, False, True]])))
+    assert indices[0, 0] == -1 and indices[0, 1] == -1 and indices[0, 2] in (0, 1)
