@@ -13,22 +13,26 @@ Training uses Keras ``fit``: ``compute_loss`` is the Hungarian-matched ``SetCrit
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable
+from typing import Callable
 
 import keras
 from keras import ops
 
-from tfx_transformer import (
-    SinePositionEmbedding2D,
-    TransformerDecoder,
-    TransformerEncoder,
-    sine_features,
-)
+from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, TransformerEncoder
 from vision.backbone import build_backbone
 from vision.losses import SetCriterion
 from vision.matcher import HungarianMatcher
 from vision.optimizer import DetrAdamW
+from vision.queries import (
+    grid_reference_logits,
+    near_points,
+    reference_embedding,
+    refine_boxes,
+    reset_transformer_parameters,
+    resize_mask,
+    select_proposals,
+    torch_linear_init,
+)
 
 QUERY_TYPES = ("learned", "reference", "encoder")
 
@@ -42,64 +46,6 @@ __all__ = [
 ]
 
 _LOSS_TERMS = ("loss_ce", "loss_bbox", "loss_giou")
-
-
-def resize_mask(valid: Any, height: Any, width: Any) -> Any:
-    """Nearest-neighbour resize of a boolean mask, as PyTorch's ``F.interpolate`` in DETR.
-
-    Output pixel ``(i, j)`` takes input pixel ``(floor(i * H / height), floor(j * W /
-    width))``.
-
-    Args:
-        valid: ``(B, H, W)`` bool.
-        height, width: output size (ints or scalar tensors).
-
-    Returns:
-        ``(B, height, width)`` bool.
-    """
-    shape = ops.shape(valid)
-    rows = ops.floor_divide(ops.arange(height, dtype="int32") * shape[1], height)  # (height,)
-    cols = ops.floor_divide(ops.arange(width, dtype="int32") * shape[2], width)  # (width,)
-    return ops.take(ops.take(valid, rows, axis=1), cols, axis=2)
-
-
-def reset_transformer_parameters(stack) -> None:
-    """Re-initializes a Transformer stack as DETR's ``Transformer._reset_parameters`` does.
-
-    DETR applies ``xavier_uniform_`` to every PyTorch weight matrix of its Transformer. Keras
-    computes the fans of the 3-D attention kernels ``(d, H, k)`` as if they were conv kernels,
-    which makes them about 3x smaller (and the attention logits about 9x flatter) than
-    DETR's. Here each kernel gets the bound of its PyTorch matrix: the packed query/key/value
-    projection ``(3d, d)`` gives ``sqrt(6 / 4d)``, the output projection ``(d, d)``
-    ``sqrt(6 / 2d)``, the feed-forward ``(f, d)``/``(d, f)`` ``sqrt(6 / (d + f))``. Biases keep
-    PyTorch's values: zero in attention, ``U(+-1/sqrt(fan_in))`` in the feed-forward layers.
-    """
-    def uniform(variable, bound):
-        variable.assign(keras.random.uniform(variable.shape, -bound, bound, variable.dtype))
-
-    for layer in stack.layers:
-        for name in ("self_attention", "cross_attention"):
-            attention = getattr(layer, name, None)
-            if attention is None:
-                continue
-            d = attention.query_dense.kernel.shape[0]
-            for dense in (attention.query_dense, attention.key_dense, attention.value_dense):
-                uniform(dense.kernel, math.sqrt(6.0 / (4 * d)))
-            out = attention.output_dense.kernel
-            uniform(out, math.sqrt(6.0 / (out.shape[0] * out.shape[1] + out.shape[2])))
-        for dense in (layer.feedforward.inner, layer.feedforward.outer):
-            fan_in, fan_out = dense.kernel.shape
-            uniform(dense.kernel, math.sqrt(6.0 / (fan_in + fan_out)))
-            uniform(dense.bias, 1.0 / math.sqrt(fan_in))
-
-
-def _torch_linear_init(fan_in: int) -> dict:
-    """PyTorch's default ``nn.Linear`` / ``nn.Conv2d`` initialization, used by DETR's heads."""
-    bound = 1.0 / math.sqrt(fan_in)
-    return dict(
-        kernel_initializer=keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform"),
-        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
-    )
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -215,7 +161,7 @@ class DETR(keras.Model):
         self.position = SinePositionEmbedding2D(d // 2, dtype=self.dtype_policy, name="position")
         self.input_proj = keras.layers.Conv2D(
             d, 1, dtype=self.dtype_policy, name="input_proj",
-            **_torch_linear_init(backbone.output_channels),
+            **torch_linear_init(backbone.output_channels),
         )
         stack = dict(
             num_heads=num_heads, hidden_dim=ffn_dim, dropout=dropout, norm_first=norm_first,
@@ -226,12 +172,12 @@ class DETR(keras.Model):
             num_decoder_layers, return_intermediate=True, final_norm=True, name="decoder", **stack
         )
         self.class_head = keras.layers.Dense(
-            num_classes + 1, dtype=self.dtype_policy, name="class_head", **_torch_linear_init(d)
+            num_classes + 1, dtype=self.dtype_policy, name="class_head", **torch_linear_init(d)
         )
         self.box_head = [
             keras.layers.Dense(
                 units, activation=activation, dtype=self.dtype_policy, name=f"box_head_{i}",
-                **_torch_linear_init(d),
+                **torch_linear_init(d),
             )
             for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
         ]
@@ -241,7 +187,7 @@ class DETR(keras.Model):
             self.reference_mlp = [
                 keras.layers.Dense(
                     units, activation=activation, dtype=self.dtype_policy,
-                    name=f"reference_mlp_{i}", **_torch_linear_init(fan_in),
+                    name=f"reference_mlp_{i}", **torch_linear_init(fan_in),
                 )
                 for i, (units, activation, fan_in) in enumerate(
                     [(d, "relu", self._reference_features), (d, None, d)])
@@ -249,12 +195,12 @@ class DETR(keras.Model):
         if query_type == "encoder":
             self.proposal_class_head = keras.layers.Dense(
                 num_classes + 1, dtype=self.dtype_policy, name="proposal_class_head",
-                **_torch_linear_init(d),
+                **torch_linear_init(d),
             )
             self.proposal_box_head = [
                 keras.layers.Dense(
                     units, activation=activation, dtype=self.dtype_policy,
-                    name=f"proposal_box_head_{i}", **_torch_linear_init(d),
+                    name=f"proposal_box_head_{i}", **torch_linear_init(d),
                 )
                 for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
             ]
@@ -286,12 +232,8 @@ class DETR(keras.Model):
                 layer.build((None, None, d))
         elif self.query_type == "reference":
             # Points on a regular grid over the image, stored as logits (inverse sigmoid).
-            side = math.ceil(math.sqrt(q))
-            rows = math.ceil(q / side)  # the rows actually used, so the grid spans the image
-            grid = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / rows] for i in range(q)]
             self.reference_logits = self.add_weight(
-                shape=(q, 2), initializer=keras.initializers.Constant(
-                    [[math.log(v / (1.0 - v)) for v in point] for point in grid]),
+                shape=(q, 2), initializer=keras.initializers.Constant(grid_reference_logits(q)),
                 name="reference_logits",
             )
         else:
@@ -348,21 +290,30 @@ class DETR(keras.Model):
         elif self.query_type == "reference":
             reference = ops.cast(self.reference_logits, "float32")  # (Q, 2)
             points = ops.repeat(ops.sigmoid(reference)[None], batch, axis=0)  # (B, Q, 2)
-            query_pos = self._reference_embedding(points)
+            query_pos = reference_embedding(points, d, self.reference_mlp, self.compute_dtype)
             target = ops.zeros_like(query_pos)
         else:
-            proposals, target, reference = self._proposals(memory, feature_valid)
+            proposals, target, reference = select_proposals(
+                memory, feature_valid, self.proposal_class_head, self.proposal_box_head,
+                self.num_classes, self.num_queries,
+            )
             outputs["enc_outputs"] = proposals
             points = ops.sigmoid(reference)  # (B, Q, 4)
-            query_pos = self._reference_embedding(points)
+            query_pos = reference_embedding(points, d, self.reference_mlp, self.compute_dtype)
         if self.box_refinement:
-            hs, boxes, weights = self._refining_decoder(
-                target, memory, memory_mask, pos, feature_valid, reference,
+            def position(points):  # (B, Q, 4) boxes -> query positions, attention mask
+                window = memory_mask if self.attention_radius is None else near_points(
+                    feature_valid, points[..., :2], self.attention_radius)
+                return reference_embedding(
+                    points, d, self.reference_mlp, self.compute_dtype), window
+
+            hs, boxes, weights = refine_boxes(
+                self.decoder, self._box_logits, position, target, memory, pos, reference,
                 return_cross_attention, training,
             )
         else:
-            if self.attention_radius is not None:
-                memory_mask = self._near_points(feature_valid, points[..., :2])  # (B, Q, S)
+            if self.attention_radius is not None:  # (B, Q, S)
+                memory_mask = near_points(feature_valid, points[..., :2], self.attention_radius)
             decoded = self.decoder(
                 target, memory, memory_mask=memory_mask, query_pos=query_pos,
                 memory_pos=pos, return_cross_attention=return_cross_attention,
@@ -392,122 +343,6 @@ class DETR(keras.Model):
         for layer in self.box_head:
             boxes = layer(boxes)
         return ops.cast(boxes, "float32")
-
-    def _refining_decoder(self, target, memory, memory_mask, pos, feature_valid, reference,
-                          return_cross_attention, training):
-        """The decoder stack's layers one by one, each refining the reference boxes.
-
-        Layer ``i`` is positioned by the boxes of layer ``i - 1`` (the proposals for the
-        first): its query position embedding and attention window come from them, and its
-        box is predicted as an offset from them in logit space (Deformable DETR's iterative
-        bounding-box refinement, with DAB-DETR's box position embedding). No gradient flows
-        through the reference boxes from one layer to the next.
-
-        Returns:
-            ``(hs, boxes, weights)``: ``(L, B, Q, d)`` normalized layer outputs,
-            ``(L, B, Q, 4)`` boxes, ``(L, B, heads, Q, S)`` cross-attention or None.
-        """
-        x, hs, boxes, weights = target, [], [], []
-        for layer in self.decoder.layers:
-            points = ops.sigmoid(reference)  # (B, Q, 4)
-            mask = memory_mask
-            if self.attention_radius is not None:
-                mask = self._near_points(feature_valid, points[..., :2])  # (B, Q, S)
-            out = layer(
-                x, memory, memory_mask=mask, query_pos=self._reference_embedding(points),
-                memory_pos=pos, return_cross_attention=return_cross_attention,
-                training=training,
-            )
-            x, attention = out if return_cross_attention else (out, None)
-            h = self.decoder.norm(x)  # (B, Q, d), as the stack's intermediate outputs
-            box = self._box_logits(h) + reference  # (B, Q, 4) logits
-            hs.append(h)
-            boxes.append(ops.sigmoid(box))
-            weights.append(attention)
-            reference = ops.stop_gradient(box)
-        weights = ops.stack(weights, axis=0) if return_cross_attention else None
-        return ops.stack(hs, axis=0), ops.stack(boxes, axis=0), weights
-
-    def _reference_embedding(self, points):
-        """``(B, Q, K)`` normalized points or cxcywh boxes -> ``(B, Q, d)`` query positions.
-
-        The sine features (``y`` before ``x``, as `SinePositionEmbedding2D`'s layout) of
-        each coordinate times 2π, through a two-layer MLP.
-        """
-        order = [1, 0] if points.shape[-1] == 2 else [1, 0, 2, 3]
-        points = ops.take(points, order, axis=-1) * (2 * math.pi)
-        query_pos = ops.cast(sine_features(points, self.hidden_dim // 2), self.compute_dtype)
-        for layer in self.reference_mlp:
-            query_pos = layer(query_pos)
-        return query_pos
-
-    def _cell_centres(self, feature_valid):
-        """``(B, h, w)`` validity -> cell centres ``cx``, ``cy`` ``(B, h, w)`` normalized by the
-        valid extent, and the valid width ``(B, h, 1)`` and height ``(B, 1, w)`` in cells."""
-        valid = ops.cast(feature_valid, "float32")  # (B, h, w)
-        cells_h = ops.sum(valid, axis=1, keepdims=True)  # (B, 1, w)
-        cells_w = ops.sum(valid, axis=2, keepdims=True)  # (B, h, 1)
-        cy = (ops.cumsum(valid, axis=1) - 0.5) / (cells_h + 1e-6)
-        cx = (ops.cumsum(valid, axis=2) - 0.5) / (cells_w + 1e-6)
-        return cx, cy, cells_w, cells_h
-
-    def _proposals(self, memory, feature_valid):
-        """Two-stage queries: every cell's proposal, then the ``Q`` best as queries.
-
-        Returns:
-            ``(proposals, target, reference)``: ``proposals`` a dict with ``pred_logits``
-            ``(B, S, C + 1)`` and ``pred_boxes`` ``(B, S, 4)`` (padded cells: certain
-            no-object), ``target`` ``(B, Q, d)`` the chosen cells' features, ``reference``
-            ``(B, Q, 4)`` the logits of their boxes, without gradient.
-        """
-        batch, q = ops.shape(memory)[0], self.num_queries
-        cx, cy, cells_w, cells_h = self._cell_centres(feature_valid)
-        width = 2.0 / ops.maximum(cells_w, 1.0) + ops.zeros_like(cx)  # (B, h, w): 2 cells
-        height = 2.0 / ops.maximum(cells_h, 1.0) + ops.zeros_like(cy)
-        anchors = ops.reshape(ops.stack([cx, cy, width, height], axis=-1), (batch, -1, 4))
-        anchors = ops.clip(anchors, 0.01, 0.99)
-        anchors = ops.log(anchors / (1.0 - anchors))  # (B, S, 4) logits
-        valid = ops.reshape(feature_valid, (batch, -1))  # (B, S)
-        logits = ops.cast(self.proposal_class_head(memory), "float32")  # (B, S, C + 1)
-        no_object = ops.one_hot(self.num_classes, self.num_classes + 1) * 2e4 - 1e4
-        logits = ops.where(valid[..., None], logits, no_object)
-        boxes = memory
-        for layer in self.proposal_box_head:
-            boxes = layer(boxes)
-        boxes = ops.cast(boxes, "float32") + anchors  # (B, S, 4) logits
-        # "valid": padded cells are never matched and take no part in the loss.
-        proposals = {"pred_logits": logits, "pred_boxes": ops.sigmoid(boxes), "valid": valid}
-
-        # Object score of each cell; Q dummy candidates (never better than a valid cell)
-        # keep top_k defined when the feature map has fewer than Q cells.
-        score = ops.max(ops.softmax(ops.stop_gradient(logits), axis=-1)[..., :-1], axis=-1)
-        score = ops.where(valid, score, -1.0)  # (B, S)
-        score = ops.pad(score, [[0, 0], [0, q]], constant_values=-2.0)  # (B, S + Q)
-        memory = ops.pad(memory, [[0, 0], [0, q], [0, 0]])
-        boxes = ops.pad(ops.stop_gradient(boxes), [[0, 0], [0, q], [0, 0]])  # centre cells
-        _, chosen = ops.top_k(score, q)  # (B, Q)
-        target = ops.take_along_axis(memory, chosen[..., None], axis=1)  # (B, Q, d)
-        reference = ops.take_along_axis(boxes, chosen[..., None], axis=1)  # (B, Q, 4)
-        return proposals, target, reference
-
-    def _near_points(self, feature_valid, points):
-        """``(B, Q, S)`` bool: valid feature cells within ``attention_radius`` of each point.
-
-        ``points`` is ``(B, Q, 2)`` normalized ``(cx, cy)``.
-
-        A cell's coordinate is its centre normalized by the valid extent of its image, the
-        same frame as the normalized boxes.
-        """
-        batch = ops.shape(feature_valid)[0]
-        cx, cy, _, _ = self._cell_centres(feature_valid)
-        cx = ops.reshape(cx, (batch, 1, -1))  # (B, 1, S)
-        cy = ops.reshape(cy, (batch, 1, -1))
-        points = ops.stop_gradient(points)[..., None]  # (B, Q, 2, 1)
-        near = ops.logical_and(
-            ops.abs(cx - points[:, :, 0]) <= self.attention_radius,
-            ops.abs(cy - points[:, :, 1]) <= self.attention_radius,
-        )  # (B, Q, S)
-        return ops.logical_and(near, ops.reshape(feature_valid, (batch, 1, -1)))
 
     # --- training ----------------------------------------------------------------------------
 
