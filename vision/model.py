@@ -299,7 +299,8 @@ class DETR(keras.Model):
             )
             outputs["enc_outputs"] = proposals
             points = ops.sigmoid(reference)  # (B, Q, 4)
-            query_pos = reference_embedding(points, d, self.reference_mlp, self.compute_dtype)
+            if not self.box_refinement:  # refinement embeds each layer's own boxes
+                query_pos = reference_embedding(points, d, self.reference_mlp, self.compute_dtype)
         if self.box_refinement:
             def position(points):  # (B, Q, 4) boxes -> query positions, attention mask
                 window = memory_mask if self.attention_radius is None else near_points(
