@@ -30,6 +30,8 @@ def make_step(layer, jit: bool, causal: bool):
     def step(q, v):
         with tf.GradientTape() as tape:
             out = layer(q, v, use_causal_mask=causal, training=True)
+            if isinstance(out, tt.AttentionOutput):  # ours; Keras's returns the tensor
+                out = out.output
             loss = tf.reduce_sum(tf.square(out))
         grads = tape.gradient(loss, layer.trainable_variables)
         return loss, grads

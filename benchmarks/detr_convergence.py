@@ -24,7 +24,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from vision.config import PRESETS, DetrConfig  # noqa: E402
+from tfx_transformer.cli import positive  # noqa: E402
+from tfx_transformer.run import RunOptions  # noqa: E402
+from vision.config import PRESETS, DetrConfig, preset  # noqa: E402
 from vision.train import train_detr  # noqa: E402
 
 
@@ -48,8 +50,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    parser.add_argument("--minutes", type=float, default=4.0, help="training time budget")
-    parser.add_argument("--eval-limit", type=int, default=200, help="held-out images scored")
+    parser.add_argument("--minutes", type=positive(float), default=4.0,
+                        help="training time budget")
+    parser.add_argument("--eval-limit", type=positive(int), default=200,
+                        help="held-out images scored")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
                         help="change a DetrConfig field (repeatable)")
     parser.add_argument("--workdir", default=None, help="default: a temporary directory")
@@ -59,8 +63,8 @@ def main(argv=None) -> int:
     except ValueError as error:
         parser.error(str(error))
     workdir = args.workdir or tempfile.mkdtemp(prefix="detr_convergence_")
-    scores = train_detr("embedded", workdir, args.preset, time_budget=args.minutes,
-                        eval_limit=args.eval_limit, config_overrides=changes,
+    run = RunOptions(time_budget=args.minutes, eval_limit=args.eval_limit)
+    scores = train_detr("embedded", workdir, preset(args.preset, **changes), run,
                         log=lambda *a: None)
     print(json.dumps({"preset": args.preset, "minutes": args.minutes, "changes": changes,
                       **scores}))

@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 from nlp import decoding  # noqa: E402
 from nlp.config import preset  # noqa: E402
 from nlp.model import build_model  # noqa: E402
+from nlp.tokenizer import EOS_ID  # noqa: E402
 
 VOCAB, LENGTH = 8000, 40
 SIZES = {"tiny": 64, "base": 16}  # batch size per preset
@@ -93,13 +94,13 @@ def decoding_cases(repeats: int):
     config = preset("tiny", vocab_size=VOCAB, dropout=0.0)
     model = build_model(config)
     source = np.random.default_rng(1).integers(4, VOCAB, (32, 20)).astype("int32")
-    source[:, -1] = decoding.EOS_ID
+    source[:, -1] = EOS_ID
     kw = dict(max_length=64)
     cached = decoding.compile_search(model, "greedy", **kw)
     cached_xla = decoding.compile_search(model, "greedy", jit_compile=True, **kw)
     uncached = decoding.compile_search(model, "greedy_uncached", **kw)
     beam = decoding.compile_search(model, "beam", beam_size=4, jit_compile=True, **kw)
-    lengths = np.argmax(np.asarray(cached(source)) == decoding.EOS_ID, axis=1) + 1
+    lengths = np.argmax(np.asarray(cached(source)) == EOS_ID, axis=1) + 1
     print(f"decoding: 32 sentences, mean generated length {lengths.mean():.1f} of 64")
     return {
         "greedy cached vs uncached": median_ratio(lambda: cached(source).numpy(),

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["NMTConfig", "PRESETS", "preset"]
+from nlp.decoding import DecodingSettings
+from nlp.validation import check_bool, check_int, check_number
+
+__all__ = ["DECODING_FIELDS", "NMTConfig", "PRESETS", "preset"]
+
+# `preset` overrides that go into `NMTConfig.decoding` rather than the config itself.
+DECODING_FIELDS = tuple(f.name for f in dataclasses.fields(DecodingSettings))
 
 
 @dataclasses.dataclass(frozen=True)
 class NMTConfig:
     """Hyperparameters of ``Seq2SeqTransformer`` and its training and decoding.
 
-    Defaults are the "base" model of "Attention Is All You Need".
+    Defaults are the "base" model of "Attention Is All You Need". Every field is checked on
+    construction; a bad value raises ``ValueError`` naming the field and the value.
     """
 
+    name: str = "base"  # the preset this config comes from (`preset` sets it)
     vocab_size: int = 8000  # shared SentencePiece vocabulary (pad 0, unk 1, bos 2, eos 3)
     num_encoder_layers: int = 6
     num_decoder_layers: int = 6
-    d_model: int = 512
+    d_model: int = 512  # even (sinusoidal positions) and divisible by num_heads
     num_heads: int = 8
     ffn_dim: int = 2048
     dropout: float = 0.1  # on embeddings+positions, every sub-layer output, attention weights
@@ -30,9 +38,37 @@ class NMTConfig:
     warmup_steps: int = 4000
     lr_scale: float = 1.0  # multiplies the Noam schedule
     batch_tokens: int = 4096  # source+target token budget per batch (padding included)
-    beam_size: int = 4
-    length_penalty: float = 0.6  # GNMT alpha: score = log p / ((5 + len) / 6) ** alpha
-    extra_decode_length: int = 50  # decode at most source length + this many tokens
+    # beam 4, GNMT length penalty 0.6, at most source length + 50 tokens
+    decoding: DecodingSettings = dataclasses.field(default_factory=DecodingSettings)
+
+    def __post_init__(self):
+        owner = type(self).__name__
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"`{owner}.name` must be a non-empty string. Received: "
+                             f"name={self.name!r}")
+        check_int(owner, "vocab_size", self.vocab_size, 5)  # 4 special ids + one piece
+        for field in ("num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
+                     "ffn_dim", "max_positions", "warmup_steps", "batch_tokens"):
+            check_int(owner, field, getattr(self, field), 1)
+        check_int(owner, "max_length", self.max_length, 2)  # eos/bos plus one token
+        for field in ("dropout", "activation_dropout", "label_smoothing"):
+            check_number(owner, field, getattr(self, field), 0.0, 1.0)
+        check_number(owner, "lr_scale", self.lr_scale, 0.0, exclusive_minimum=True)
+        check_bool(owner, "norm_first", self.norm_first)
+        check_bool(owner, "tie_embeddings", self.tie_embeddings)
+        if not isinstance(self.decoding, DecodingSettings):
+            raise TypeError(f"`{owner}.decoding` must be a DecodingSettings. "
+                            f"Received: decoding={self.decoding!r}")
+        if self.d_model % self.num_heads or self.d_model % 2:
+            raise ValueError(
+                f"`{owner}.d_model` must be even and divisible by `num_heads`. "
+                f"Received: d_model={self.d_model}, num_heads={self.num_heads}"
+            )
+        if self.max_length > self.max_positions:
+            raise ValueError(
+                f"`{owner}.max_length` must be <= `max_positions`. "
+                f"Received: max_length={self.max_length}, max_positions={self.max_positions}"
+            )
 
     def model_kwargs(self) -> dict:
         """The ``Seq2SeqTransformer`` constructor arguments."""
@@ -52,11 +88,21 @@ PRESETS = {
 
 
 def preset(name: str, **overrides) -> NMTConfig:
-    """The named preset (``tiny``, ``base``, ``big``) with ``overrides`` applied."""
+    """The named preset (``tiny``, ``base``, ``big``) with ``overrides`` applied.
+
+    The config's ``name`` is the preset's. ``overrides`` are ``NMTConfig`` fields, or
+    ``beam_size``, ``length_penalty`` and ``extra_length``, which replace those of
+    ``decoding`` (of the preset, or of a ``decoding`` override).
+    """
     if name not in PRESETS:
         raise ValueError(f"Unknown preset {name!r}. Choose one of {sorted(PRESETS)}.")
     fields = {f.name for f in dataclasses.fields(NMTConfig)}
-    unknown = sorted(set(overrides) - fields)
+    unknown = sorted(set(overrides) - fields - set(DECODING_FIELDS))
     if unknown:
         raise ValueError(f"Unknown NMTConfig fields: {unknown}")
-    return NMTConfig(**{**PRESETS[name], **overrides})
+    values = {"name": name, **PRESETS[name], **overrides}
+    decoding_overrides = {k: values.pop(k) for k in DECODING_FIELDS if k in values}
+    if decoding_overrides:
+        decoding = values.get("decoding", DecodingSettings())
+        values["decoding"] = dataclasses.replace(decoding, **decoding_overrides)
+    return NMTConfig(**values)

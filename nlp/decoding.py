@@ -2,7 +2,8 @@
 per token).
 
 Both searches run in ``keras.ops.while_loop``; ``compile_search`` wraps one in
-``tf.function`` (TensorFlow backend) or ``jax.jit`` (JAX backend).
+``tf.function`` (TensorFlow backend) or ``jax.jit`` (JAX backend). ``DecodingSettings`` holds
+what a translator decodes with, and ``search`` runs the search those settings ask for.
 
 Conventions shared by both:
 
@@ -10,28 +11,67 @@ Conventions shared by both:
 * at most ``max_length`` tokens are generated, eos included: the last step may only be eos;
 * the output is ``(B, max_length)`` ids without the leading bos, eos then pad after the end.
 
-Beam search keeps ``K`` live hypotheses. Every step scores all ``K·V`` extensions by total
-log-probability; extensions ending in eos that rank in the top ``K`` become finished
-hypotheses, scored with the GNMT length penalty ``log p / ((5 + n) / 6) ** alpha`` (``n``
-tokens, eos included); the ``K`` best extensions not ending in eos stay live. The search stops
-for a sentence once no live hypothesis can beat its best finished one (``log p`` only falls,
-so ``log p / lp(max_length)`` bounds it). With ``beam_size=1`` and ``alpha=0`` this is exactly
-greedy search; with a beam at least as wide as the number of hypotheses it is exact.
+Beam search keeps ``K = beam_size`` live hypotheses. Every step scores all ``K·V`` extensions
+by total log-probability; extensions ending in eos that rank in the top ``K`` become finished
+hypotheses, scored with the GNMT length penalty ``log p / ((5 + n) / 6) ** length_penalty``
+(``n`` tokens, eos included); the ``K`` best extensions not ending in eos stay live. The search
+stops for a sentence once no live hypothesis can beat its best finished one (``log p`` only
+falls, so ``log p / lp(max_length)`` bounds it). With ``beam_size=1`` and
+``length_penalty=0`` this is exactly greedy search; with a beam at least as wide as the number
+of hypotheses it is exact.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 from keras import ops
 
-__all__ = ["greedy_search", "greedy_search_uncached", "beam_search", "compile_search"]
+from nlp.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nlp.validation import check_int, check_number
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+__all__ = [
+    "DecodingSettings",
+    "beam_search",
+    "compile_search",
+    "greedy_search",
+    "greedy_search_uncached",
+    "search",
+]
+
 NEG = -1e9  # "minus infinity" that keeps arithmetic finite
 
 
-def _length_penalty(length, alpha: float):
-    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, alpha)
+@dataclasses.dataclass(frozen=True)
+class DecodingSettings:
+    """How a translator decodes (validated on construction).
+
+    Attributes:
+        beam_size: beam width ``K``; 1 means greedy search.
+        length_penalty: GNMT exponent: score = ``log p / ((5 + len) / 6) ** length_penalty``
+            (0 = plain log-probability).
+        extra_length: decode at most source length + this many tokens.
+    """
+
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    extra_length: int = 50
+
+    def __post_init__(self):
+        owner = type(self).__name__
+        check_int(owner, "beam_size", self.beam_size, 1)
+        check_number(owner, "length_penalty", self.length_penalty, 0.0)
+        check_int(owner, "extra_length", self.extra_length, 0)
+
+    def greedy(self) -> DecodingSettings:
+        """The same settings with ``beam_size=1``."""
+        return dataclasses.replace(self, beam_size=1)
+
+
+def _penalty(length, length_penalty: float):
+    """The GNMT length penalty ``((5 + length) / 6) ** length_penalty``."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, length_penalty)
 
 
 def _restrict(logits, step, max_length):
@@ -52,8 +92,12 @@ def _prepare(model, source, max_length, extra_length):
     return source, batch, max_length, memory, memory_mask
 
 
-def _start_tokens(batch, max_length, width=None):
-    shape = (batch, max_length + 1) if width is None else (batch, width, max_length + 1)
+def _start_tokens(batch, max_length, beam_size=None):
+    """bos then zeros: ``(B, max_length + 1)``, or ``(B, K, max_length + 1)`` for a beam."""
+    if beam_size is None:
+        shape = (batch, max_length + 1)
+    else:
+        shape = (batch, beam_size, max_length + 1)
     tokens = ops.zeros(shape, "int32")
     bos = ops.full((*shape[:-1], 1), BOS_ID, "int32")
     return ops.concatenate([bos, tokens[..., 1:]], axis=-1)
@@ -121,37 +165,38 @@ def greedy_search_uncached(model, source, max_length=None, extra_length: int = 5
     return tokens[:, 1:]
 
 
-def beam_search(model, source, beam_size: int = 4, alpha: float = 0.6, max_length=None,
-                extra_length: int = 50, return_scores: bool = False):
+def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
+                max_length=None, extra_length: int = 50, return_scores: bool = False):
     """Beam search with the GNMT length penalty and the KV cache (see the module docstring).
 
     Args:
         model: a ``Seq2SeqTransformer``.
         source: ``(B, S)`` int ids.
         beam_size: ``K``.
-        alpha: length-penalty exponent (0 = plain log-probability).
+        length_penalty: length-penalty exponent (0 = plain log-probability).
         max_length: most tokens to generate (default ``S + extra_length``).
         extra_length: see ``max_length``.
         return_scores: also return the best hypotheses' scores ``(B,)``.
 
     Returns:
-        ``(B, max_length)`` int32 ids of the best hypothesis per sentence.
+        ``(B, max_length)`` int32 ids of the best hypothesis per sentence (and the scores
+        ``(B,)`` with ``return_scores``).
     """
-    if beam_size < 1:
-        raise ValueError(f"`beam_size` must be >= 1. Received: {beam_size}")
-    k = beam_size
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"`beam_size` must be an integer >= 1. Received: beam_size={beam_size!r}")
     source, batch, max_length, memory, memory_mask = _prepare(
         model, source, max_length, extra_length
     )
-    cross = ops.repeat(model.decoder.compute_cross_attention_cache(memory), k, axis=0)
-    memory_mask = ops.repeat(memory_mask, k, axis=0)  # (B·K, S)
-    cache = model.decoder.empty_cache(batch * k, max_length)  # (B·K, L, 2, N, H, D)
+    cross = model.decoder.compute_cross_attention_cache(memory)
+    cross = ops.repeat(cross, beam_size, axis=0)  # (B·K, L, 2, S, H, D)
+    memory_mask = ops.repeat(memory_mask, beam_size, axis=0)  # (B·K, S)
+    cache = model.decoder.empty_cache(batch * beam_size, max_length)  # (B·K, L, 2, N, H, D)
     vocab = model.vocab_size
-    max_penalty = _length_penalty(max_length, alpha)
-    rows = ops.arange(batch, dtype="int32")[:, None] * k  # (B, 1)
+    max_penalty = _penalty(max_length, length_penalty)
+    rows = ops.arange(batch, dtype="int32")[:, None] * beam_size  # (B, 1)
 
-    def pick(x, beam):  # x (B·K, ...) or (B, K, ...) flattened; beam (B, K') in [0, K)
-        return ops.take(x, ops.reshape(beam + rows, (-1,)), axis=0)
+    def pick(x, parent):  # x (B·K, ...); parent (B, K') beam index in [0, K)
+        return ops.take(x, ops.reshape(parent + rows, (-1,)), axis=0)
 
     def cond(i, alive_seq, alive_logp, fin_seq, fin_score, cache):
         bound = alive_logp[:, 0] / max_penalty
@@ -160,42 +205,43 @@ def beam_search(model, source, beam_size: int = 4, alpha: float = 0.6, max_lengt
 
     def body(i, alive_seq, alive_logp, fin_seq, fin_score, cache):
         n = max_length + 1
-        current = ops.reshape(ops.slice(alive_seq, [0, 0, i], [batch, k, 1]), (-1, 1))
+        current = ops.slice(alive_seq, [0, 0, i], [batch, beam_size, 1])  # (B, K, 1)
+        current = ops.reshape(current, (-1, 1))  # (B·K, 1)
         logits, cache = model.decode_step(current, i, cache, cross, memory_mask)
         logp = ops.log_softmax(_restrict(logits, i, max_length), axis=-1)  # (B·K, V)
-        cand = alive_logp[..., None] + ops.reshape(logp, (batch, k, vocab))  # (B, K, V)
-        flat = ops.reshape(cand, (batch, k * vocab))
+        cand = alive_logp[..., None] + ops.reshape(logp, (batch, beam_size, vocab))  # (B, K, V)
+        flat = ops.reshape(cand, (batch, beam_size * vocab))
 
         def extend(score_flat):
-            score, index = ops.top_k(score_flat, k)  # (B, K)
-            beam, token = index // vocab, index % vocab
-            seq = ops.reshape(pick(ops.reshape(alive_seq, (batch * k, n)), beam),
-                              (batch, k, n))
+            score, index = ops.top_k(score_flat, beam_size)  # (B, K)
+            parent, token = index // vocab, index % vocab
+            seq = pick(ops.reshape(alive_seq, (batch * beam_size, n)), parent)
+            seq = ops.reshape(seq, (batch, beam_size, n))
             seq = ops.slice_update(seq, [0, 0, i + 1], token[..., None])
-            return score, beam, token, seq
+            return score, parent, token, seq
 
         # Finished: eos extensions among the top K of all extensions.
         top, _, token, seq = extend(flat)
         is_new = (token == EOS_ID) & (top > NEG / 2)
-        new_score = ops.where(is_new, top / _length_penalty(i + 1, alpha), NEG)
+        new_score = ops.where(is_new, top / _penalty(i + 1, length_penalty), NEG)
         all_score = ops.concatenate([fin_score, new_score], axis=1)  # (B, 2K)
         all_seq = ops.concatenate([fin_seq, seq], axis=1)  # (B, 2K, N + 1)
-        fin_score, keep = ops.top_k(all_score, k)
+        fin_score, keep = ops.top_k(all_score, beam_size)
         fin_seq = ops.take_along_axis(all_seq, keep[..., None], axis=1)
 
         # Live: the K best extensions that do not end in eos.
-        eos_column = ops.arange(k * vocab) % vocab == EOS_ID
-        alive_logp, beam, _, alive_seq = extend(ops.where(eos_column, NEG, flat))
-        cache = pick(cache, beam)
+        eos_column = ops.arange(beam_size * vocab) % vocab == EOS_ID
+        alive_logp, parent, _, alive_seq = extend(ops.where(eos_column, NEG, flat))
+        cache = pick(cache, parent)
         return i + 1, alive_seq, alive_logp, fin_seq, fin_score, cache
 
-    first = ops.where(ops.arange(k) == 0, 0.0, NEG)  # only beam 0 is live at the start
+    first = ops.where(ops.arange(beam_size) == 0, 0.0, NEG)  # only beam 0 is live at the start
     state = (
         ops.convert_to_tensor(0, "int32"),
-        _start_tokens(batch, max_length, k),
+        _start_tokens(batch, max_length, beam_size),
         ops.tile(first[None, :], (batch, 1)),
-        _start_tokens(batch, max_length, k),
-        ops.full((batch, k), NEG, "float32"),
+        _start_tokens(batch, max_length, beam_size),
+        ops.full((batch, beam_size), NEG, "float32"),
         cache,
     )
     _, alive_seq, alive_logp, fin_seq, fin_score, _ = ops.while_loop(cond, body, state)
@@ -207,6 +253,29 @@ def beam_search(model, source, beam_size: int = 4, alpha: float = 0.6, max_lengt
     return best
 
 
+def search(model, source, settings: DecodingSettings, max_length=None):
+    """Decodes ``source`` as ``settings`` say: beam search, or greedy for ``beam_size=1``.
+
+    Args:
+        model: a ``Seq2SeqTransformer``.
+        source: ``(B, S)`` int ids.
+        settings: the ``DecodingSettings``.
+        max_length: most tokens to generate (default ``S + settings.extra_length``).
+
+    Returns:
+        ``(B, max_length)`` int32 ids.
+    """
+    if not isinstance(settings, DecodingSettings):
+        raise TypeError("`settings` must be a DecodingSettings. "
+                        f"Received: type={type(settings).__name__}")
+    if settings.beam_size > 1:
+        return beam_search(model, source, beam_size=settings.beam_size,
+                           length_penalty=settings.length_penalty, max_length=max_length,
+                           extra_length=settings.extra_length)
+    return greedy_search(model, source, max_length=max_length,
+                         extra_length=settings.extra_length)
+
+
 def compile_search(model, method: str = "beam", jit_compile: bool = False, **kwargs):
     """One compiled function ``source (B, S) -> ids (B, N)`` for the current backend.
 
@@ -214,16 +283,17 @@ def compile_search(model, method: str = "beam", jit_compile: bool = False, **kwa
         model: a ``Seq2SeqTransformer``.
         method: ``"beam"``, ``"greedy"`` or ``"greedy_uncached"``.
         jit_compile: compile with XLA (TensorFlow backend; JAX always compiles).
-        **kwargs: passed to the search (``beam_size``, ``alpha``, ``extra_length``...).
+        **kwargs: passed to the search (``beam_size``, ``length_penalty``, ``extra_length``,
+            ``max_length``...).
     """
     searches = {"beam": beam_search, "greedy": greedy_search,
                 "greedy_uncached": greedy_search_uncached}
     if method not in searches:
         raise ValueError(f"`method` must be one of {sorted(searches)}. Received: {method!r}")
-    search = searches[method]
+    fn = searches[method]
 
     def run(source):
-        return search(model, source, **kwargs)
+        return fn(model, source, **kwargs)
 
     backend = keras.backend.backend()
     if backend == "tensorflow":

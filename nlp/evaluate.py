@@ -1,8 +1,11 @@
-"""Corpus BLEU / chrF (sacrebleu) and exact match of a translator over sentence pairs."""
+"""Corpus BLEU / chrF (sacrebleu) and exact match of a translator over sentence pairs.
+
+A translator is any ``texts (N,) tf.string -> (N,) tf.string``: `nlp.export.make_translate_fn`
+in process, or `nlp.export.load_translator` for an exported SavedModel.
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import keras
@@ -10,27 +13,7 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
-__all__ = ["load_translator", "translate_all", "score", "evaluate"]
-
-
-def load_translator(path: str | os.PathLike, beam: int | None = None) -> Callable:
-    """Loads an exported SavedModel; returns ``texts (N,) tf.string -> (N,) tf.string``.
-
-    Args:
-        path: the export directory.
-        beam: ``None`` or the exported width: beam search (``serving_default``); 1: greedy.
-    """
-    import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
-
-    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
-        raise ValueError(f"No exported model at {str(path)!r} (expected DIR/export, a SavedModel).")
-    width_file = os.path.join(path, "beam_size.txt")
-    exported = int(open(width_file).read()) if os.path.exists(width_file) else None
-    if beam not in (None, 1, exported):
-        raise ValueError(f"--beam {beam}: this export decodes with beam {exported} or 1 (greedy).")
-    name = "greedy" if beam == 1 and exported != 1 else "serving_default"
-    serve = tf.saved_model.load(str(path)).signatures[name]
-    return lambda text: serve(text=text)["translation"]
+__all__ = ["translate_all", "score", "evaluate"]
 
 
 def translate_all(translate: Callable, sources: Sequence[str], batch_size: int = 64,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from nlp.tokenizer import PAD_ID
+
 __all__ = ["MaskedLabelSmoothedCrossEntropy", "MaskedAccuracy"]
 
 
@@ -26,7 +28,7 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
         y_pred: ``(B, T, V)`` logits.
     """
 
-    def __init__(self, label_smoothing: float = 0.1, pad_id: int = 0,
+    def __init__(self, label_smoothing: float = 0.1, pad_id: int = PAD_ID,
                  name: str = "label_smoothed_cross_entropy", **kwargs):
         kwargs.pop("reduction", None)
         super().__init__(name=name, reduction="sum", **kwargs)
@@ -56,7 +58,7 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
 class MaskedAccuracy(keras.metrics.Metric):
     """Share of non-pad target tokens whose arg-max prediction is right."""
 
-    def __init__(self, pad_id: int = 0, name: str = "accuracy", **kwargs):
+    def __init__(self, pad_id: int = PAD_ID, name: str = "accuracy", **kwargs):
         super().__init__(name=name, **kwargs)
         self.pad_id = pad_id
         self.correct = self.add_variable(shape=(), initializer="zeros", name="correct")

@@ -9,10 +9,9 @@ from keras import ops
 
 import tfx_transformer as tt
 from nlp.config import NMTConfig
+from nlp.tokenizer import PAD_ID
 
 __all__ = ["Seq2SeqTransformer", "build_model"]
-
-PAD_ID = 0
 
 
 @keras.saving.register_keras_serializable(package="nlp")
@@ -108,12 +107,17 @@ class Seq2SeqTransformer(keras.Model):
             self.output_projection.build((None, None, d))
         self.built = True
 
-    # Building blocks, also used step by step by nlp.decoding.
+    # Building blocks, also used step by step by nlp.decoding and nlp.plots.
 
     def _embed(self, layer, ids, start_index=0, training=None):
         x = layer(ids) * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
         x = x + self.positions(x, start_index=start_index)
         return self.embedding_dropout(x, training=training)
+
+    def embed_target(self, ids, start_index=0, training=None):
+        """Target ids ``(B, T)`` at positions ``start_index...`` → decoder inputs ``(B, T, d)``."""
+        layer = self.target_embedding or self.embedding
+        return self._embed(layer, ids, start_index=start_index, training=training)
 
     def encode(self, source, training=None):
         """Encodes ``source`` ``(B, S)``: ``memory`` ``(B, S, d)`` and its mask ``(B, S)``."""
@@ -130,11 +134,10 @@ class Seq2SeqTransformer(keras.Model):
 
     def decode(self, target_in, memory, memory_mask, training=None):
         """Full-sequence (teacher-forced) decoding: logits ``(B, T, V)``."""
-        layer = self.target_embedding or self.embedding
-        y = self._embed(layer, target_in, training=training)
-        h = self.decoder(y, memory, memory_mask=memory_mask, use_causal_mask=True,
-                         training=training)
-        return self.project(h)
+        y = self.embed_target(target_in, training=training)
+        out = self.decoder(y, memory, memory_mask=memory_mask, use_causal_mask=True,
+                           training=training)
+        return self.project(out.output)
 
     def decode_step(self, tokens, index, cache, cross_cache, memory_mask):
         """One cached decoding step.
@@ -149,11 +152,22 @@ class Seq2SeqTransformer(keras.Model):
         Returns:
             Logits ``(B, V)`` (float32) and the updated cache.
         """
-        layer = self.target_embedding or self.embedding
-        y = self._embed(layer, tokens, start_index=index)
-        h, cache = self.decoder(y, None, memory_mask=memory_mask, use_causal_mask=True,
-                                cache=cache, cache_index=index, cross_attention_cache=cross_cache)
-        return self.project(h)[:, 0], cache
+        y = self.embed_target(tokens, start_index=index)
+        out = self.decoder(y, None, memory_mask=memory_mask, use_causal_mask=True, cache=cache,
+                           cache_index=index, cross_attention_cache=cross_cache)
+        return self.project(out.output)[:, 0], out.cache
+
+    def cross_attention(self, source, target_in):
+        """Cross-attention weights ``(L, B, H, T, S)`` of every decoder layer (no dropout).
+
+        Args:
+            source: ``(B, S)`` int ids.
+            target_in: ``(B, T)`` int ids starting with bos.
+        """
+        memory, mask = self.encode(source)
+        out = self.decoder(self.embed_target(target_in), memory, memory_mask=mask,
+                           use_causal_mask=True, return_cross_attention=True)
+        return out.attention
 
     def call(self, inputs, training=None):
         memory, mask = self.encode(inputs["source"], training=training)

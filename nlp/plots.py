@@ -35,10 +35,7 @@ def cross_attention(model, tokenizer: Tokenizer, source: str, translation: str |
     else:
         tgt = tokenizer.encode(translation)
     target_in = np.array([[tokenizer.bos_id] + tgt], "int32")
-    memory, mask = model.encode(np.array([src], "int32"))
-    y = model._embed(model.target_embedding or model.embedding, target_in)
-    _, weights = model.decoder(y, memory, memory_mask=mask, use_causal_mask=True,
-                               return_cross_attention=True)
+    weights = model.cross_attention(np.array([src], "int32"), target_in)  # (L, 1, H, T, S)
     weights = np.asarray(weights)[:, 0]  # (L, H, T, S)
     pieces = tokenizer.id_to_piece
     return weights, [pieces(i) for i in src], [pieces(i) for i in tgt] + ["</s>"]

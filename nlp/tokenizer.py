@@ -5,7 +5,9 @@ serialized model proto: in the graph through `tensorflow_text.SentencepieceToken
 pipelines, `tf.function`, SavedModel export — the proto bytes are embedded in the traced graph),
 and in Python through `sentencepiece.SentencePieceProcessor`.
 
-Special ids: pad 0, unk 1, bos 2, eos 3.
+Special ids: pad 0, unk 1, bos 2, eos 3 (`PAD_ID`, `UNK_ID`, `BOS_ID`, `EOS_ID`), defined here and
+nowhere else: the model, the searches and the losses import them, the data pipeline and the
+export read them from a `Tokenizer`.
 
 Example:
 
@@ -27,10 +29,7 @@ import tensorflow_text as tf_text
 
 __all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "train_tokenizer"]
 
-PAD_ID = 0
-UNK_ID = 1
-BOS_ID = 2
-EOS_ID = 3
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 def train_tokenizer(

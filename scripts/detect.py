@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfx_transformer.training import run_cli  # noqa: E402
+from tfx_transformer.cli import run_cli  # noqa: E402
 from vision.export import load_detector  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
 

@@ -14,8 +14,8 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfx_transformer.training import run_cli  # noqa: E402
-from vision.data import evaluation_split, load_source  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
+from vision.data.sources import evaluation_split, load_source  # noqa: E402
 from vision.evaluate import evaluate_records  # noqa: E402
 from vision.export import load_detector  # noqa: E402
 
@@ -25,15 +25,12 @@ def main(argv=None) -> int:
     parser.add_argument("--model", required=True, help="the export directory (DIR/export)")
     parser.add_argument("--data", required=True,
                         help="embedded | coco:IMAGES_DIR:ANNOTATIONS.json | tfds:NAME")
-    parser.add_argument("--limit", type=int, default=None, help="score at most N images")
-    parser.add_argument("--batch-size", type=int, default=8,
+    parser.add_argument("--limit", type=positive(int), default=None,
+                        help="score at most N images")
+    parser.add_argument("--batch-size", type=positive(int), default=8,
                         help="most images per call (consecutive images of one size)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the embedded data")
     args = parser.parse_args(argv)
-    for name in ("limit", "batch_size"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
     detector = load_detector(args.model)
     source = load_source(args.data, seed=args.seed)
     if source.num_classes != len(detector.class_names):

@@ -14,23 +14,25 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nlp import data  # noqa: E402
-from nlp.evaluate import evaluate, load_translator  # noqa: E402
-from tfx_transformer.training import run_cli  # noqa: E402
+from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
+from nlp.evaluate import evaluate  # noqa: E402
+from nlp.export import load_translator  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True, help="the export directory (DIR/export)")
     parser.add_argument("--data", required=True, help="embedded | tsv:PATH | tfds:NAME")
-    parser.add_argument("--beam", type=int, default=None, help="exported width or 1 (greedy)")
-    parser.add_argument("--limit", type=int, default=None, help="score at most N pairs")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--beam-size", "--beam", type=positive(int), default=None,
+                        help="exported width or 1 (greedy)")
+    parser.add_argument("--limit", type=positive(int), default=None, help="score at most N pairs")
+    parser.add_argument("--batch-size", type=positive(int), default=64)
     args = parser.parse_args(argv)
-    pairs = data.load_pairs(args.data, data.evaluation_split(args.data), limit=args.limit)
+    pairs = load_pairs(args.data, evaluation_split(args.data), limit=args.limit)
     if not pairs:
         raise ValueError(f"--data {args.data}: no pairs to score.")
-    translate = load_translator(args.model, args.beam)
+    translate = load_translator(args.model, args.beam_size)
     scores, _ = evaluate(translate, pairs, args.batch_size, progress=sys.stderr.isatty())
     print(json.dumps(scores))
     return 0

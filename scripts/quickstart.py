@@ -17,18 +17,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
-from nlp.evaluate import load_translator  # noqa: E402
+from nlp import config as nmt_config  # noqa: E402
+from nlp.export import load_translator  # noqa: E402
 from nlp.train import train_nmt  # noqa: E402
-from tfx_transformer.training import read_metrics, run_cli  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.run import RunOptions  # noqa: E402
+from tfx_transformer.workdir import read_metrics  # noqa: E402
+from vision import config as detr_config  # noqa: E402
+from vision.data.shapes import ShapesGenerator  # noqa: E402
 from vision.export import load_detector  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
-from vision.shapes import ShapesGenerator  # noqa: E402
 from vision.train import train_detr  # noqa: E402
 
 
 def translation(workdir: str, minutes: float) -> None:
     print(f"\n== translation: tiny Transformer, English -> German, {minutes:.1f} min ==")
-    scores = train_nmt("embedded", workdir, "tiny", time_budget=minutes, eval_limit=300)
+    scores = train_nmt("embedded", workdir, nmt_config.preset("tiny"),
+                       RunOptions(time_budget=minutes, eval_limit=300))
     print(f"held-out ({scores['n']} sentences): BLEU {scores['bleu']}, chrF {scores['chrf']}, "
           f"exact match {scores['exact_match']:.2f}")
     for sample in read_metrics(workdir)["samples"][:3]:
@@ -41,7 +46,8 @@ def translation(workdir: str, minutes: float) -> None:
 
 def detection(workdir: str, minutes: float) -> None:
     print(f"\n== detection: tiny DETR, synthetic shapes, {minutes:.1f} min ==")
-    scores = train_detr("embedded", workdir, "tiny", time_budget=minutes, eval_limit=200)
+    scores = train_detr("embedded", workdir, detr_config.preset("tiny"),
+                        RunOptions(time_budget=minutes, eval_limit=200))
     print(f"validation ({scores['n']} images): AP {scores['AP']:.3f}, AP50 {scores['AP50']:.3f}, "
           f"AP75 {scores['AP75']:.3f}")
     detector = load_detector(os.path.join(workdir, "export"))
@@ -60,12 +66,10 @@ def detection(workdir: str, minutes: float) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=8.0,
+    parser.add_argument("--minutes", type=positive(float), default=8.0,
                         help="total training budget, split between the two models")
     parser.add_argument("--workdir", default=os.path.join("runs", "quickstart"))
     args = parser.parse_args(argv)
-    if args.minutes <= 0:
-        parser.error(f"--minutes must be positive, got {args.minutes}")
     translation(os.path.join(args.workdir, "nmt"), args.minutes / 2)
     detection(os.path.join(args.workdir, "detr"), args.minutes / 2)
     return 0

@@ -9,9 +9,28 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nlp.config import PRESETS  # noqa: E402
+from nlp.config import PRESETS, preset  # noqa: E402
 from nlp.train import train_nmt  # noqa: E402
-from tfx_transformer import training  # noqa: E402
+from tfx_transformer.cli import (  # noqa: E402
+    COMMON_RUN_FLAGS,
+    add_override_arguments,
+    add_run_arguments,
+    overrides_from_args,
+    positive,
+    run_cli,
+    run_options_from_args,
+)
+
+# `preset` override (NMTConfig field or decoding setting) -> flag and argparse keywords.
+CONFIG_FLAGS = {
+    "batch_tokens": ("--batch-tokens", dict(type=positive(int), help="token budget per batch")),
+    "vocab_size": ("--vocab-size", dict(type=positive(int))),
+    "max_length": ("--max-length", dict(
+        type=positive(int), help="drop training pairs longer than this many tokens")),
+    "beam_size": ("--beam", dict(type=positive(int), metavar="BEAM",
+                                 help="beam width of the export")),
+}
+EVAL_LIMIT = 1000  # held-out pairs translated and scored after training
 
 
 def main(argv=None) -> int:
@@ -19,33 +38,14 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default="embedded",
                         help="embedded | tsv:PATH (source<TAB>target) | tfds:NAME")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    training.add_common_arguments(parser, default_epochs=None)
-    parser.add_argument("--batch-tokens", type=int, default=None, help="token budget per batch")
-    parser.add_argument("--vocab-size", type=int, default=None)
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="drop training pairs longer than this many tokens")
-    parser.add_argument("--valid-fraction", type=float, default=0.05,
-                        help="held-out share of a tsv: file")
-    parser.add_argument("--beam", type=int, default=None, help="beam width of the export")
-    parser.add_argument("--xla", action="store_true",
-                        help="XLA-compile the train step (one compilation per batch shape)")
+    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "jit_compile"), eval_limit=EVAL_LIMIT)
+    add_override_arguments(parser, CONFIG_FLAGS)
     args = parser.parse_args(argv)
-    for name in ("batch_tokens", "vocab_size", "max_length", "beam"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if not 0.0 <= args.valid_fraction < 1.0:
-        parser.error(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
-    scores = train_nmt(
-        args.data, args.workdir, args.preset, epochs=args.epochs, max_steps=args.max_steps,
-        time_budget=args.time_budget, batch_tokens=args.batch_tokens,
-        vocab_size=args.vocab_size, max_length=args.max_length, strategy=args.strategy,
-        mixed_precision=args.mixed_precision, seed=args.seed,
-        valid_fraction=args.valid_fraction, beam_size=args.beam, jit_compile=args.xla,
-    )
+    config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
+    scores = train_nmt(args.data, args.workdir, config, run_options_from_args(args))
     print("held-out:", " ".join(f"{k} {v}" for k, v in scores.items()))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(training.run_cli(main))
+    sys.exit(run_cli(main))

@@ -1,14 +1,22 @@
 """Keras 3 Transformer layers shared by the translation and detection applications."""
 
-from tfx_transformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from tfx_transformer.attention import AttentionOutput, MultiHeadAttention
 from tfx_transformer.decoder import TransformerDecoder, TransformerDecoderLayer
+from tfx_transformer.dot_product import scaled_dot_product_attention
 from tfx_transformer.encoder import TransformerEncoder, TransformerEncoderLayer
 from tfx_transformer.feedforward import FeedForward
-from tfx_transformer.masks import causal_mask, merge_masks, padding_mask
+from tfx_transformer.masks import (
+    causal_mask,
+    key_padding_mask,
+    merge_masks,
+    padding_mask,
+    to_attention_mask,
+)
 from tfx_transformer.position import (
     LearnedPositionEmbedding,
     SinePositionEmbedding2D,
     SinusoidalPositionEncoding,
+    add_position,
     sine_features,
 )
 from tfx_transformer.schedules import NoamSchedule
@@ -16,6 +24,7 @@ from tfx_transformer.schedules import NoamSchedule
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionOutput",
     "FeedForward",
     "LearnedPositionEmbedding",
     "MultiHeadAttention",
@@ -26,9 +35,12 @@ __all__ = [
     "TransformerDecoderLayer",
     "TransformerEncoder",
     "TransformerEncoderLayer",
+    "add_position",
     "causal_mask",
+    "key_padding_mask",
     "merge_masks",
     "padding_mask",
     "scaled_dot_product_attention",
     "sine_features",
+    "to_attention_mask",
 ]

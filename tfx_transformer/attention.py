@@ -1,100 +1,83 @@
-"""Scaled dot-product attention and multi-head attention with an optional KV cache."""
+"""Multi-head attention with an optional KV cache, and the result every attention layer returns."""
 
 from __future__ import annotations
 
-import math
+import numbers
+import warnings
+from typing import Any, NamedTuple
 
 import keras
+import optree
 from keras import ops
 
-from tfx_transformer.masks import causal_mask, merge_masks
+from tfx_transformer.dot_product import scaled_dot_product_attention
+from tfx_transformer.masks import causal_mask, check_mask_rank, merge_masks
 
-__all__ = ["scaled_dot_product_attention", "MultiHeadAttention"]
-
-# Filled into masked logits. The logits are float32 whatever the compute dtype, so this is
-# safe under float16/bfloat16 policies; it only has to dominate any real score.
-_MASKED_LOGIT = -1e9
+__all__ = ["AttentionOutput", "MultiHeadAttention"]
 
 
-def _masked_softmax(scores, mask):
-    """Softmax over the last axis in float32; rows with every key masked give zeros.
+class AttentionOutput(NamedTuple):
+    """What ``MultiHeadAttention``, ``TransformerDecoderLayer`` and ``TransformerDecoder`` return.
 
-    Args:
-        scores: logits ``(..., T, S)`` of any float dtype.
-        mask: boolean, broadcastable to ``scores``, ``True`` = attend; or ``None``.
+    Always these three fields in this order, whatever the call arguments; a field that was not
+    asked for is ``None``.
 
-    Returns:
-        float32 weights with the shape of ``scores`` broadcast with ``mask``.
+    Attributes:
+        output: ``(B, T, d_out)``; a ``TransformerDecoder`` with ``return_intermediate``
+            gives ``(L, B, T, d)``.
+        attention: attention weights ``(B, H, T, S)`` when asked for
+            (``return_attention_scores`` / ``return_cross_attention``), else ``None``. The
+            decoder layer returns its cross-attention weights, the decoder stack every
+            layer's, ``(L, B, H, T, S)``.
+        cache: the updated self-attention cache when a ``cache`` was passed, else ``None``:
+            ``(B, 2, S_max, H, D)``; the decoder stack's ``(B, L, 2, T_max, H, D)``.
     """
-    scores = ops.cast(scores, "float32")
-    if scores.shape[-1] == 1:  # a single key: weight 1 where it may be attended
-        ones = ops.ones_like(scores)
-        return ones if mask is None else ops.where(ops.cast(mask, "bool"), ones, 0.0)
-    if mask is None:
-        return ops.softmax(scores, axis=-1)
-    mask = ops.cast(mask, "bool")
-    scores = ops.where(mask, scores, _MASKED_LOGIT)
-    weights = ops.softmax(scores, axis=-1)
-    # A fully masked row would otherwise be uniform over the masked keys.
-    any_valid = ops.any(mask, axis=-1, keepdims=True)
-    return ops.where(any_valid, weights, 0.0)
+
+    output: Any
+    attention: Any | None = None
+    cache: Any | None = None
 
 
-def _check_mask_rank(mask, max_rank: int, name: str):
-    if mask is not None and (len(mask.shape) < 2 or len(mask.shape) > max_rank):
-        raise ValueError(
-            f"`{name}` must have rank 2 to {max_rank} (shape (T, S), (B, T, S) or "
-            f"(B, H, T, S)). Received: {name}.shape={tuple(mask.shape)}"
+def _flatten_output(result: AttentionOutput):
+    present = tuple(field is not None for field in result)
+    children = [field for field in result if field is not None]
+    names = [name for name, field in zip(result._fields, result) if field is not None]
+    return children, present, names
+
+
+def _unflatten_output(present, children) -> AttentionOutput:
+    children = iter(children)
+    return AttentionOutput(*(next(children) if p else None for p in present))
+
+
+# Keras flattens layer outputs with `None` as a leaf, and its functional API rejects a
+# non-tensor leaf, so a symbolic call returning `AttentionOutput(x, None, None)` would fail.
+# Registered in Keras's tree namespace (optree is a Keras dependency), the `None` fields are
+# empty subtrees instead, as in JAX's and optree's own default: `keras.tree.flatten` gives
+# only the tensors, and the structure (with its `None` fields) is rebuilt around them.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)  # "a namedtuple is already registered"
+    try:
+        optree.register_pytree_node(
+            AttentionOutput, _flatten_output, _unflatten_output, namespace="keras"
         )
+    except ValueError:  # already registered (module imported twice)
+        pass
 
 
-def scaled_dot_product_attention(
-    q,
-    k,
-    v,
-    mask=None,
-    dropout_rate: float = 0.0,
-    training=None,
-    return_weights: bool = False,
-    seed=None,
-):
-    """``softmax(q·kᵀ/√d_k, masked) · v``.
-
-    Args:
-        q: queries ``(B, H, T, D)``.
-        k: keys ``(B, H, S, D)``.
-        v: values ``(B, H, S, Dv)``.
-        mask: boolean, broadcastable to ``(B, H, T, S)``, ``True`` = may attend. A query row
-            whose keys are all masked returns zeros.
-        dropout_rate: dropout on the attention weights, applied only when ``training``.
-        training: Python bool or ``None`` (no dropout).
-        return_weights: also return the attention weights ``(B, H, T, S)``.
-        seed: optional ``keras.random.SeedGenerator`` (or int) for the dropout.
-
-    Returns:
-        ``(B, H, T, Dv)``, and the weights if ``return_weights``.
-    """
-    if len(q.shape) != 4 or len(k.shape) != 4 or len(v.shape) != 4:
+def _check_cache_index(cache, cache_index, key):
+    """A Python int ``cache_index`` must leave room in ``cache`` for the new steps of ``key``."""
+    if cache is None or cache_index is None or not isinstance(cache_index, numbers.Integral):
+        return
+    length, steps = cache.shape[2], key.shape[1]
+    if cache_index < 0 or (
+        length is not None and steps is not None and cache_index + steps > length
+    ):
         raise ValueError(
-            "`q`, `k` and `v` must have rank 4 (B, H, T, D). Received: "
-            f"q.shape={tuple(q.shape)}, k.shape={tuple(k.shape)}, v.shape={tuple(v.shape)}"
+            "`cache_index` must leave room in `cache` for the new steps: 0 <= cache_index and "
+            f"cache_index + steps <= cache length. Received: cache_index={cache_index}, "
+            f"steps={steps}, cache.shape={tuple(cache.shape)} (length {length})"
         )
-    if k.shape[2] is not None and v.shape[2] is not None and k.shape[2] != v.shape[2]:
-        raise ValueError(
-            "`k` and `v` must have the same length. Received: "
-            f"k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}"
-        )
-    _check_mask_rank(mask, 4, "mask")
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = ops.einsum("bhtd,bhsd->bhts", q, k) * ops.cast(scale, q.dtype)  # (B, H, T, S)
-    weights = _masked_softmax(scores, mask)
-    dropped = weights
-    if training and dropout_rate > 0.0:
-        dropped = keras.random.dropout(weights, dropout_rate, seed=seed)
-    out = ops.einsum("bhts,bhsd->bhtd", ops.cast(dropped, v.dtype), v)  # (B, H, T, Dv)
-    if return_weights:
-        return out, ops.cast(weights, q.dtype)
-    return out
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
@@ -104,6 +87,8 @@ class MultiHeadAttention(keras.layers.Layer):
     ``get_weights()`` has the same order and shapes as Keras's layer (query, key, value
     kernels ``(d, H, key_dim)`` and biases ``(H, key_dim)``, then the output kernel
     ``(H, value_dim, d_out)`` and bias ``(d_out,)``), so weights move between the two.
+
+    Attention is computed by ``scaled_dot_product_attention`` on ``(B, H, T, D)`` heads.
 
     Incremental decoding: pass ``cache`` ``(B, 2, S_max, H, D)`` (keys then values). With a
     ``cache_index`` the layer projects the new step(s), writes them into the cache at
@@ -133,13 +118,17 @@ class MultiHeadAttention(keras.layers.Layer):
         return_attention_scores: also return the weights ``(B, H, T, S)``.
         training: enables dropout.
         cache: ``(B, 2, S_max, H, D)`` or ``None``.
-        cache_index: int or scalar tensor: where the new keys/values go in ``cache``.
+        cache_index: int or scalar tensor: where the new keys/values go in ``cache``. A
+            Python int must leave room for the new steps: ``cache_index + T <= S_max``.
         query_mask, value_mask, key_mask: ``(B, T)``/``(B, S)`` validity masks, filled in
             automatically from Keras masks (e.g. ``Embedding(mask_zero=True)``).
 
     Returns:
-        ``(B, T, d_out)``; then the weights if ``return_attention_scores``; then the updated
-        cache if ``cache`` was given.
+        ``AttentionOutput(output, attention, cache)``, always: ``output`` ``(B, T, d_out)``;
+        ``attention`` the weights ``(B, H, T, S)`` (``S = S_max`` with a cache) if
+        ``return_attention_scores``, else ``None``; ``cache`` the cache ``(B, 2, S_max, H,
+        D)`` if one was given (updated at ``cache_index``, or the precomputed one unchanged),
+        else ``None``.
     """
 
     def __init__(
@@ -174,7 +163,8 @@ class MultiHeadAttention(keras.layers.Layer):
         self.bias_initializer = keras.initializers.get(bias_initializer)
         self.seed = seed
         self.supports_masking = True
-        self._dropout_layer = keras.layers.Dropout(dropout, seed=seed, dtype=self.dtype_policy)
+        # Dropout on the attention weights, inside `scaled_dot_product_attention`.
+        self.seed_generator = keras.random.SeedGenerator(seed) if dropout > 0 else None
 
     def _dense(self, equation, output_shape, bias_axes, name):
         clone = lambda init: init.__class__.from_config(init.get_config())  # noqa: E731
@@ -244,7 +234,7 @@ class MultiHeadAttention(keras.layers.Layer):
             )
         key_given = key is not None
         key = value if key is None else key
-        _check_mask_rank(attention_mask, 4, "attention_mask")
+        check_mask_rank(attention_mask, "attention_mask")
         if (
             key.shape[1] is not None
             and value.shape[1] is not None
@@ -254,6 +244,8 @@ class MultiHeadAttention(keras.layers.Layer):
                 "`key` and `value` must have the same length. Received: "
                 f"key.shape={tuple(key.shape)} and value.shape={tuple(value.shape)}"
             )
+
+        _check_cache_index(cache, cache_index, key)
 
         q = self.query_dense(query)  # (B, T, H, Dk)
         if cache is not None and cache_index is None:
@@ -274,20 +266,17 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask, query_mask, value_mask, key_mask if key_given else None,
             use_causal_mask, t, s, cache_index,
         )
-        scale = ops.cast(1.0 / math.sqrt(self.key_dim), q.dtype)
-        scores = ops.einsum("bthd,bshd->bhts", q * scale, k)  # (B, H, T, S)
-        weights = _masked_softmax(scores, mask)
-        weights = ops.cast(weights, self.compute_dtype)
-        dropped = self._dropout_layer(weights, training=training)
-        out = ops.einsum("bhts,bshd->bthd", dropped, v)  # (B, T, H, Dv)
-        out = self.output_dense(out)  # (B, T, d_out)
-
-        result = [out]
-        if return_attention_scores:
-            result.append(weights)
-        if cache is not None:
-            result.append(cache)
-        return result[0] if len(result) == 1 else tuple(result)
+        heads = lambda x: ops.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, H, D) <-> (B, H, T, D)
+        out, weights = scaled_dot_product_attention(
+            heads(q), heads(k), heads(v), mask=mask, dropout_rate=self.dropout,
+            training=training, return_weights=True, seed=self.seed_generator,
+        )  # (B, H, T, Dv), (B, H, T, S)
+        out = self.output_dense(heads(out))  # (B, T, H, Dv) -> (B, T, d_out)
+        return AttentionOutput(
+            output=out,
+            attention=weights if return_attention_scores else None,
+            cache=cache,
+        )
 
     def _mask(self, attention_mask, query_mask, value_mask, key_mask, causal, t, s, offset):
         """Combines every mask source into one boolean mask broadcastable to (B, H, T, S)."""
@@ -308,7 +297,36 @@ class MultiHeadAttention(keras.layers.Layer):
         return merge_masks(*parts)
 
     def compute_output_shape(self, query_shape, value_shape, key_shape=None):
+        """The shape of the ``output`` field, ``(B, T, d_out)``."""
         return (*query_shape[:-1], self.output_dim or query_shape[-1])
+
+    def compute_output_spec(
+        self,
+        query,
+        value,
+        key=None,
+        attention_mask=None,
+        use_causal_mask: bool = False,
+        return_attention_scores: bool = False,
+        training=None,
+        cache=None,
+        cache_index=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
+    ) -> AttentionOutput:
+        output = keras.KerasTensor(
+            self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
+        )
+        attention = None
+        if return_attention_scores:
+            length = value.shape[1] if cache is None else cache.shape[2]
+            attention = keras.KerasTensor(
+                (query.shape[0], self.num_heads, query.shape[1], length), dtype=self.compute_dtype
+            )
+        if cache is not None:
+            cache = keras.KerasTensor(cache.shape, dtype=cache.dtype)
+        return AttentionOutput(output, attention, cache)
 
     def get_config(self):
         config = super().get_config()

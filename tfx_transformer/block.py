@@ -7,7 +7,63 @@ import keras
 from tfx_transformer.attention import MultiHeadAttention
 from tfx_transformer.feedforward import FeedForward
 
-__all__ = ["ResidualBlockLayer"]
+__all__ = ["ResidualBlockLayer", "block_arguments", "layer_norm"]
+
+
+def _check_arguments(num_heads, hidden_dim, dropout) -> None:
+    if not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"`num_heads` must be a positive integer. Received: {num_heads!r}")
+    if not isinstance(hidden_dim, int) or hidden_dim <= 0:
+        raise ValueError(f"`hidden_dim` must be a positive integer. Received: {hidden_dim!r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"`dropout` must be in [0, 1). Received: {dropout!r}")
+
+
+def block_arguments(
+    num_heads: int,
+    hidden_dim: int,
+    dropout: float = 0.1,
+    attention_dropout: float | None = None,
+    activation_dropout: float | None = None,
+    activation="relu",
+    norm_first: bool = False,
+    layer_norm_epsilon: float = 1e-5,
+    kernel_initializer="glorot_uniform",
+    bias_initializer="zeros",
+) -> dict:
+    """Validates the arguments of a Transformer layer and returns them serialized.
+
+    The stacks forward this dict to each of their layers and store it in their config;
+    ``ResidualBlockLayer.get_config`` holds the same keys. Arguments: see
+    ``ResidualBlockLayer``.
+
+    Returns:
+        The arguments by name, JSON-serializable, with ``attention_dropout`` and
+        ``activation_dropout`` resolved (``None`` means ``dropout``).
+
+    Raises:
+        ValueError: naming the argument that is out of range.
+    """
+    _check_arguments(num_heads, hidden_dim, dropout)
+    return dict(
+        num_heads=num_heads,
+        hidden_dim=hidden_dim,
+        dropout=dropout,
+        attention_dropout=dropout if attention_dropout is None else attention_dropout,
+        activation_dropout=dropout if activation_dropout is None else activation_dropout,
+        activation=keras.activations.serialize(keras.activations.get(activation)),
+        norm_first=norm_first,
+        layer_norm_epsilon=layer_norm_epsilon,
+        kernel_initializer=keras.initializers.serialize(keras.initializers.get(kernel_initializer)),
+        bias_initializer=keras.initializers.serialize(keras.initializers.get(bias_initializer)),
+    )
+
+
+def layer_norm(input_shape, epsilon: float, dtype, name: str) -> keras.layers.LayerNormalization:
+    """A built ``LayerNormalization`` over the last axis of ``input_shape``."""
+    norm = keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+    norm.build(input_shape)
+    return norm
 
 
 class ResidualBlockLayer(keras.layers.Layer):
@@ -49,12 +105,7 @@ class ResidualBlockLayer(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"`num_heads` must be a positive integer. Received: {num_heads!r}")
-        if not isinstance(hidden_dim, int) or hidden_dim <= 0:
-            raise ValueError(f"`hidden_dim` must be a positive integer. Received: {hidden_dim!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: {dropout!r}")
+        _check_arguments(num_heads, hidden_dim, dropout)
         self.num_heads = num_heads
         self.hidden_dim = hidden_dim
         self.dropout = dropout
@@ -101,11 +152,7 @@ class ResidualBlockLayer(keras.layers.Layer):
         return ffn
 
     def _norm(self, input_shape, name: str) -> keras.layers.LayerNormalization:
-        norm = keras.layers.LayerNormalization(
-            epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy, name=name
-        )
-        norm.build(input_shape)
-        return norm
+        return layer_norm(input_shape, self.layer_norm_epsilon, self.dtype_policy, name)
 
     def _dropout_layer(self) -> keras.layers.Dropout:
         return keras.layers.Dropout(self.dropout, dtype=self.dtype_policy)
@@ -127,22 +174,20 @@ class ResidualBlockLayer(keras.layers.Layer):
     def compute_output_shape(self, x_shape, *args, **kwargs):
         return x_shape
 
-    def layer_kwargs(self) -> dict:
-        """The shared hyperparameters, serialized (used by ``get_config`` and the stacks)."""
-        return dict(
-            num_heads=self.num_heads,
-            hidden_dim=self.hidden_dim,
-            dropout=self.dropout,
-            attention_dropout=self.attention_dropout,
-            activation_dropout=self.activation_dropout,
-            activation=keras.activations.serialize(self.activation),
-            norm_first=self.norm_first,
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
-            bias_initializer=keras.initializers.serialize(self.bias_initializer),
-        )
-
     def get_config(self):
         config = super().get_config()
-        config.update(self.layer_kwargs())
+        config.update(
+            block_arguments(
+                num_heads=self.num_heads,
+                hidden_dim=self.hidden_dim,
+                dropout=self.dropout,
+                attention_dropout=self.attention_dropout,
+                activation_dropout=self.activation_dropout,
+                activation=self.activation,
+                norm_first=self.norm_first,
+                layer_norm_epsilon=self.layer_norm_epsilon,
+                kernel_initializer=self.kernel_initializer,
+                bias_initializer=self.bias_initializer,
+            )
+        )
         return config

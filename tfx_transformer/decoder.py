@@ -5,29 +5,27 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tfx_transformer.block import ResidualBlockLayer
-from tfx_transformer.encoder import _add, _key_mask
+from tfx_transformer.attention import AttentionOutput
+from tfx_transformer.block import ResidualBlockLayer, block_arguments, layer_norm
+from tfx_transformer.masks import to_attention_mask
+from tfx_transformer.position import add_position
 
 __all__ = ["TransformerDecoderLayer", "TransformerDecoder"]
 
 
-def _self_mask(mask):
-    """(B, T) key validity -> (B, 1, T); (B, T, T) passes through."""
-    if mask is None or len(mask.shape) == 3:
-        return mask
-    if len(mask.shape) != 2:
-        raise ValueError(
-            "`self_attention_mask` must have shape (B, T) or (B, T, T). "
-            f"Received: shape={tuple(mask.shape)}"
-        )
-    return ops.cast(mask, "bool")[:, None, :]
+def _output_spec(output_shape, attention_shape, cache, dtype) -> AttentionOutput:
+    """``AttentionOutput`` of KerasTensors; ``None`` where ``attention_shape``/``cache`` is."""
+    attention = None
+    if attention_shape is not None:
+        attention = keras.KerasTensor(attention_shape, dtype=dtype)
+    if cache is not None:
+        cache = keras.KerasTensor(cache.shape, dtype=cache.dtype)
+    return AttentionOutput(keras.KerasTensor(output_shape, dtype=dtype), attention, cache)
 
 
-def _memory_mask(memory_mask):
-    """(B, S) or (B, T, S) validity -> attention mask broadcastable to (B, T, S), or None."""
-    if memory_mask is None or len(memory_mask.shape) == 3:
-        return memory_mask
-    return _key_mask(memory_mask)
+def _cross_length(memory, cross_attention_cache):
+    """``S``, from ``memory`` ``(B, S, d)`` or from the cache ``(..., 2, S, H, D)``."""
+    return memory.shape[1] if cross_attention_cache is None else cross_attention_cache.shape[-3]
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
@@ -48,16 +46,18 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         memory_pos: ``(B, S, d_m)`` or ``None``.
         use_causal_mask: forbid attending to later target positions.
         cache: self-attention cache ``(B, 2, T_max, H, D)``; with ``cache_index``, ``x`` holds
-            the step(s) at ``cache_index`` and the updated cache is returned.
+            the step(s) at ``cache_index``.
         cache_index: int or scalar tensor.
         cross_attention_cache: ``(B, 2, S, H, D)`` from ``compute_cross_attention_cache``;
             skips re-projecting ``memory``.
-        return_cross_attention: also return cross-attention weights ``(B, H, T, S)``.
+        return_cross_attention: also return the cross-attention weights.
         training: enables dropout.
 
     Returns:
-        ``(B, T, d)``; then the updated ``cache`` if given; then the cross-attention weights
-        if ``return_cross_attention``.
+        ``AttentionOutput(output, attention, cache)``, always: ``output`` ``(B, T, d)``;
+        ``attention`` the cross-attention weights ``(B, H, T, S)`` if
+        ``return_cross_attention``, else ``None``; ``cache`` the updated self-attention
+        cache ``(B, 2, T_max, H, D)`` if ``cache`` was given, else ``None``.
     """
 
     def build(self, x_shape, memory_shape=None):
@@ -77,7 +77,7 @@ class TransformerDecoderLayer(ResidualBlockLayer):
 
     def compute_cross_attention_cache(self, memory, memory_pos=None):
         """Projects ``memory`` once into cross-attention keys/values ``(B, 2, S, H, D)``."""
-        return self.cross_attention.compute_cache(memory, key=_add(memory, memory_pos))
+        return self.cross_attention.compute_cache(memory, key=add_position(memory, memory_pos))
 
     def empty_cache(self, batch_size, max_length, dtype=None):
         """Zeros of the self-attention cache shape ``(B, 2, max_length, H, D)``."""
@@ -99,31 +99,30 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         cross_attention_cache=None,
         return_cross_attention: bool = False,
         training=None,
-    ):
-        self_mask = _self_mask(self_attention_mask)
+    ) -> AttentionOutput:
+        self_mask = to_attention_mask(self_attention_mask, "self_attention_mask")  # (B, 1|T, T)
+        cross_mask = to_attention_mask(memory_mask, "memory_mask")  # (B, 1|T, S)
 
         def self_attend(h):
-            qk = _add(h, query_pos)
+            qk = add_position(h, query_pos)
             out = self.self_attention(
                 qk, h, qk, attention_mask=self_mask, use_causal_mask=use_causal_mask,
                 training=training, cache=cache, cache_index=cache_index,
             )
-            return out if cache is not None else (out, None)
+            return out.output, out.cache
 
         def cross_attend(h):
-            q = _add(h, query_pos)
+            q = add_position(h, query_pos)
             if cross_attention_cache is None:
-                value, key, cross_cache = memory, _add(memory, memory_pos), None
-            else:
-                value, key, cross_cache = q, None, cross_attention_cache
+                value, key = memory, add_position(memory, memory_pos)
+            else:  # precomputed keys/values; `value` only passes the shapes checks
+                value, key = q, None
             out = self.cross_attention(
-                q, value, key, attention_mask=_memory_mask(memory_mask),
+                q, value, key, attention_mask=cross_mask,
                 return_attention_scores=return_cross_attention, training=training,
-                cache=cross_cache,
+                cache=cross_attention_cache,
             )
-            if cross_cache is not None:
-                out = out[:-1] if return_cross_attention else out[0]
-            return out if return_cross_attention else (out, None)
+            return out.output, out.attention
 
         x, new_cache = self.residual(
             x, self_attend, self.self_attention_norm, self.self_attention_dropout, training
@@ -138,38 +137,65 @@ class TransformerDecoderLayer(ResidualBlockLayer):
             self.feedforward_dropout,
             training,
         )
-        outputs = [x]
-        if cache is not None:
-            outputs.append(new_cache)
-        if return_cross_attention:
-            outputs.append(weights)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return AttentionOutput(output=x, attention=weights, cache=new_cache)
+
+    def compute_output_spec(
+        self, x, memory, self_attention_mask=None, memory_mask=None, query_pos=None,
+        memory_pos=None, use_causal_mask=False, cache=None, cache_index=None,
+        cross_attention_cache=None, return_cross_attention=False, training=None,
+    ) -> AttentionOutput:
+        b, t = x.shape[:2]
+        attention = None
+        if return_cross_attention:  # (B, H, T, S)
+            attention = (b, self.num_heads, t, _cross_length(memory, cross_attention_cache))
+        return _output_spec(x.shape, attention, cache, self.compute_dtype)
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
-class TransformerDecoder(ResidualBlockLayer):
+class TransformerDecoder(keras.layers.Layer):
     """A stack of ``num_layers`` ``TransformerDecoderLayer``\\ s with a shared final LayerNorm.
 
     Args:
         num_layers: number of layers.
+        num_heads, hidden_dim, dropout, attention_dropout, activation_dropout, activation,
+            norm_first, layer_norm_epsilon, kernel_initializer, bias_initializer: passed to
+            every ``TransformerDecoderLayer`` (see ``ResidualBlockLayer``).
         return_intermediate: return every layer's output, each passed through the final
             LayerNorm, stacked as ``(L, B, T, d)`` (DETR's auxiliary losses use them).
         final_norm: apply the final LayerNorm; ``None`` means ``norm_first or
             return_intermediate`` (DETR's decoder always has it).
-        **kwargs: the ``TransformerDecoderLayer`` arguments, and base layer arguments.
+        **kwargs: base layer arguments.
+
+    Attributes:
+        layers: the ``TransformerDecoderLayer``\\ s, in order (after ``build``). Calling them
+            one by one, each output through ``normalize``, gives the stack's intermediate
+            outputs (how DETR's box refinement runs the decoder layer by layer).
 
     Call arguments: as ``TransformerDecoderLayer``, except that ``cache`` and
         ``cross_attention_cache`` have a layer axis: ``(B, L, 2, T_max, H, D)`` and
         ``(B, L, 2, S, H, D)``.
 
     Returns:
-        ``(B, T, d)`` or ``(L, B, T, d)``; then the updated cache if given; then the
-        cross-attention weights ``(L, B, H, T, S)`` if ``return_cross_attention``.
+        ``AttentionOutput(output, attention, cache)``, always: ``output`` ``(B, T, d)``, or
+        ``(L, B, T, d)`` with ``return_intermediate``; ``attention`` every layer's
+        cross-attention weights ``(L, B, H, T, S)`` if ``return_cross_attention``, else
+        ``None``; ``cache`` the updated cache ``(B, L, 2, T_max, H, D)`` if ``cache`` was
+        given, else ``None``.
     """
 
     def __init__(
         self,
         num_layers: int,
+        num_heads: int,
+        hidden_dim: int,
+        dropout: float = 0.1,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
+        activation="relu",
+        norm_first: bool = False,
+        layer_norm_epsilon: float = 1e-5,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
         return_intermediate: bool = False,
         final_norm: bool | None = None,
         **kwargs,
@@ -180,19 +206,40 @@ class TransformerDecoder(ResidualBlockLayer):
         self.num_layers = num_layers
         self.return_intermediate = return_intermediate
         self.final_norm = final_norm
+        # Forwarded to every layer as they are, and saved in the config.
+        self._layer_arguments = block_arguments(
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+        )
+        self.supports_masking = True
 
     def build(self, x_shape, memory_shape=None):
         self.layers = []
         for i in range(self.num_layers):
             layer = TransformerDecoderLayer(
-                **self.layer_kwargs(), dtype=self.dtype_policy, name=f"layer_{i}"
+                **self._layer_arguments, dtype=self.dtype_policy, name=f"layer_{i}"
             )
             layer.build(x_shape, memory_shape)
             self.layers.append(layer)
         use_norm = self.final_norm
         if use_norm is None:
-            use_norm = self.norm_first or self.return_intermediate
-        self.norm = self._norm(x_shape, "final_norm") if use_norm else None
+            use_norm = self._layer_arguments["norm_first"] or self.return_intermediate
+        self.norm = None
+        if use_norm:
+            epsilon = self._layer_arguments["layer_norm_epsilon"]
+            self.norm = layer_norm(x_shape, epsilon, self.dtype_policy, "final_norm")
+
+    def normalize(self, x):
+        """The shared final LayerNorm of ``x`` ``(..., d)``; ``x`` itself when there is none."""
+        return x if self.norm is None else self.norm(x)
 
     def compute_cross_attention_cache(self, memory, memory_pos=None):
         """Cross-attention keys/values of every layer, ``(B, L, 2, S, H, D)``."""
@@ -219,7 +266,7 @@ class TransformerDecoder(ResidualBlockLayer):
         cross_attention_cache=None,
         return_cross_attention: bool = False,
         training=None,
-    ):
+    ) -> AttentionOutput:
         intermediate, caches, weights = [], [], []
         for i, layer in enumerate(self.layers):
             out = layer(
@@ -231,29 +278,42 @@ class TransformerDecoder(ResidualBlockLayer):
                 ),
                 return_cross_attention=return_cross_attention, training=training,
             )
-            out = list(out) if isinstance(out, tuple) else [out]
-            x = out.pop(0)
-            if cache is not None:
-                caches.append(out.pop(0))
-            if return_cross_attention:
-                weights.append(out.pop(0))
+            x = out.output
+            caches.append(out.cache)
+            weights.append(out.attention)
             if self.return_intermediate:
-                intermediate.append(x if self.norm is None else self.norm(x))
+                intermediate.append(self.normalize(x))
         if self.return_intermediate:
-            result = ops.stack(intermediate, axis=0)  # (L, B, T, d)
+            output = ops.stack(intermediate, axis=0)  # (L, B, T, d)
         else:
-            result = x if self.norm is None else self.norm(x)
-        outputs = [result]
-        if cache is not None:
-            outputs.append(ops.stack(caches, axis=1))  # (B, L, 2, T_max, H, D)
-        if return_cross_attention:
-            outputs.append(ops.stack(weights, axis=0))  # (L, B, H, T, S)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+            output = self.normalize(x)  # (B, T, d)
+        return AttentionOutput(
+            output=output,
+            # (L, B, H, T, S)
+            attention=ops.stack(weights, axis=0) if return_cross_attention else None,
+            # (B, L, 2, T_max, H, D)
+            cache=None if cache is None else ops.stack(caches, axis=1),
+        )
 
     def compute_output_shape(self, x_shape, *args, **kwargs):
+        """The shape of the ``output`` field."""
         if self.return_intermediate:
             return (self.num_layers, *x_shape)
         return x_shape
+
+    def compute_output_spec(
+        self, x, memory, self_attention_mask=None, memory_mask=None, query_pos=None,
+        memory_pos=None, use_causal_mask=False, cache=None, cache_index=None,
+        cross_attention_cache=None, return_cross_attention=False, training=None,
+    ) -> AttentionOutput:
+        b, t = x.shape[:2]
+        attention = None
+        if return_cross_attention:  # (L, B, H, T, S)
+            heads, length = self._layer_arguments["num_heads"], _cross_length(
+                memory, cross_attention_cache)
+            attention = (self.num_layers, b, heads, t, length)
+        output = self.compute_output_shape(x.shape)
+        return _output_spec(output, attention, cache, self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
@@ -261,5 +321,6 @@ class TransformerDecoder(ResidualBlockLayer):
             num_layers=self.num_layers,
             return_intermediate=self.return_intermediate,
             final_norm=self.final_norm,
+            **self._layer_arguments,
         )
         return config

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import keras
 
-from tfx_transformer.block import ResidualBlockLayer
+from tfx_transformer.block import ResidualBlockLayer, block_arguments, layer_norm
+from tfx_transformer.masks import key_padding_mask
+from tfx_transformer.position import add_position
 
 __all__ = ["TransformerEncoderLayer", "TransformerEncoder"]
-
-
-def _key_mask(padding_mask):
-    """(B, S) validity -> (B, 1, S) attention mask over keys, or None."""
-    return None if padding_mask is None else keras.ops.cast(padding_mask, "bool")[:, None, :]
-
-
-def _add(x, pos):
-    return x if pos is None else x + keras.ops.cast(pos, x.dtype)
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
@@ -46,11 +39,12 @@ class TransformerEncoderLayer(ResidualBlockLayer):
         self.feedforward_dropout = self._dropout_layer()
 
     def call(self, x, padding_mask=None, pos=None, training=None):
-        mask = _key_mask(padding_mask)
+        mask = key_padding_mask(padding_mask)  # (B, 1, S)
 
         def attend(h):
-            qk = _add(h, pos)
-            return self.self_attention(qk, h, qk, attention_mask=mask, training=training), None
+            qk = add_position(h, pos)
+            out = self.self_attention(qk, h, qk, attention_mask=mask, training=training)
+            return out.output, None
 
         x, _ = self.residual(
             x, attend, self.self_attention_norm, self.self_attention_dropout, training
@@ -66,14 +60,21 @@ class TransformerEncoderLayer(ResidualBlockLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
-class TransformerEncoder(ResidualBlockLayer):
+class TransformerEncoder(keras.layers.Layer):
     """A stack of ``num_layers`` ``TransformerEncoderLayer``\\ s and an optional final LayerNorm.
 
     Args:
         num_layers: number of layers.
+        num_heads, hidden_dim, dropout, attention_dropout, activation_dropout, activation,
+            norm_first, layer_norm_epsilon, kernel_initializer, bias_initializer: passed to
+            every ``TransformerEncoderLayer`` (see ``ResidualBlockLayer``).
         final_norm: apply a LayerNorm to the output; ``None`` means ``norm_first`` (pre-norm
             stacks need it, post-norm outputs are already normalised).
-        **kwargs: the ``TransformerEncoderLayer`` arguments, and base layer arguments.
+        **kwargs: base layer arguments.
+
+    Attributes:
+        layers: the ``TransformerEncoderLayer``\\ s, in order (after ``build``).
+        norm: the final ``LayerNormalization``, or ``None``.
 
     Call arguments: as ``TransformerEncoderLayer``.
 
@@ -81,30 +82,69 @@ class TransformerEncoder(ResidualBlockLayer):
         ``(B, S, d)``.
     """
 
-    def __init__(self, num_layers: int, final_norm: bool | None = None, **kwargs):
+    def __init__(
+        self,
+        num_layers: int,
+        num_heads: int,
+        hidden_dim: int,
+        dropout: float = 0.1,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
+        activation="relu",
+        norm_first: bool = False,
+        layer_norm_epsilon: float = 1e-5,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        final_norm: bool | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"`num_layers` must be a positive integer. Received: {num_layers!r}")
         self.num_layers = num_layers
         self.final_norm = final_norm
+        # Forwarded to every layer as they are, and saved in the config.
+        self._layer_arguments = block_arguments(
+            num_heads=num_heads,
+            hidden_dim=hidden_dim,
+            dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
+            activation=activation,
+            norm_first=norm_first,
+            layer_norm_epsilon=layer_norm_epsilon,
+            kernel_initializer=kernel_initializer,
+            bias_initializer=bias_initializer,
+        )
+        self.supports_masking = True
 
     def build(self, x_shape):
         self.layers = []
         for i in range(self.num_layers):
             layer = TransformerEncoderLayer(
-                **self.layer_kwargs(), dtype=self.dtype_policy, name=f"layer_{i}"
+                **self._layer_arguments, dtype=self.dtype_policy, name=f"layer_{i}"
             )
             layer.build(x_shape)
             self.layers.append(layer)
-        use_norm = self.norm_first if self.final_norm is None else self.final_norm
-        self.norm = self._norm(x_shape, "final_norm") if use_norm else None
+        use_norm = self.final_norm
+        if use_norm is None:
+            use_norm = self._layer_arguments["norm_first"]
+        self.norm = None
+        if use_norm:
+            epsilon = self._layer_arguments["layer_norm_epsilon"]
+            self.norm = layer_norm(x_shape, epsilon, self.dtype_policy, "final_norm")
 
     def call(self, x, padding_mask=None, pos=None, training=None):
         for layer in self.layers:
             x = layer(x, padding_mask=padding_mask, pos=pos, training=training)
         return x if self.norm is None else self.norm(x)
 
+    def compute_output_shape(self, x_shape, *args, **kwargs):
+        return x_shape
+
     def get_config(self):
         config = super().get_config()
-        config.update(num_layers=self.num_layers, final_norm=self.final_norm)
+        config.update(
+            num_layers=self.num_layers, final_norm=self.final_norm, **self._layer_arguments
+        )
         return config

@@ -10,10 +10,26 @@ from keras import ops
 
 __all__ = [
     "SinusoidalPositionEncoding", "LearnedPositionEmbedding", "SinePositionEmbedding2D",
-    "sine_features",
+    "sine_features", "add_position",
 ]
 
 _LAYOUTS = ("interleaved", "concat")
+
+
+def add_position(x: Any, pos: Any | None) -> Any:
+    """``x + pos`` in the dtype of ``x``; ``x`` itself when ``pos`` is ``None``.
+
+    The attention layers add positions to queries and keys this way (DETR's ``with_pos_embed``).
+
+    Args:
+        x: ``(B, T, d)`` features.
+        pos: position embedding broadcastable to ``x`` (e.g. ``(B, T, d)`` or ``(T, d)``), or
+            ``None``.
+
+    Returns:
+        A tensor of the shape and dtype of ``x``.
+    """
+    return x if pos is None else x + ops.cast(pos, x.dtype)
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")

@@ -5,10 +5,13 @@
 1. the config round trip: ``get_config`` -> JSON -> ``from_config`` -> the same config, and
    ``keras.saving`` (de)serialization by registered name;
 2. an eager call, compared with the expected output shape;
-3. a symbolic call inside a functional ``keras.Model``, whose output equals the eager one;
+3. a symbolic call inside a functional ``keras.Model``, whose outputs equal the eager ones
+   (a layer returning ``AttentionOutput`` must return the same fields, ``None`` in the same
+   places, symbolically and eagerly);
 4. one ``fit`` step: finite loss and every kernel updated;
 5. ``mixed_float16`` and ``mixed_bfloat16``: the same weights give outputs of the policy's
-   compute dtype, finite and close to the float32 outputs;
+   compute dtype, finite and close to the float32 outputs (``2e-2`` and ``1e-1`` of
+   ``max(1, |output|)``);
 6. ``.keras`` save/load of the model with identical outputs.
 
 It uses Keras and NumPy only, so applications can check their own layers with it.
@@ -23,6 +26,8 @@ import tempfile
 import keras
 import numpy as np
 
+from tfx_transformer.attention import AttentionOutput
+
 __all__ = ["check_layer"]
 
 _MIXED_TOLERANCE = {"mixed_float16": 2e-2, "mixed_bfloat16": 1e-1}
@@ -30,6 +35,21 @@ _MIXED_TOLERANCE = {"mixed_float16": 2e-2, "mixed_bfloat16": 1e-1}
 
 def _as_numpy(x):
     return np.asarray(keras.ops.convert_to_numpy(x))
+
+
+def _fields(result) -> dict:
+    """A layer's result by field: the non-``None`` fields of an ``AttentionOutput``, else
+    ``{"output": result}``."""
+    if isinstance(result, AttentionOutput):
+        return {name: value for name, value in result._asdict().items() if value is not None}
+    return {"output": result}
+
+
+def _all_close(actual: dict, expected: dict, tol: float, what: str):
+    if sorted(actual) != sorted(expected):
+        raise AssertionError(f"{what}: fields {sorted(actual)} != {sorted(expected)}")
+    for name in expected:
+        _close(actual[name], expected[name], tol, f"{what} ({name})")
 
 
 def _close(actual, expected, tol: float, what: str):
@@ -88,7 +108,8 @@ def check_layer(
         tolerance: absolute tolerance (relative to max(1, |output|)) for float32 comparisons.
 
     Returns:
-        The eager float32 output as a NumPy array.
+        The eager float32 output as a NumPy array (the ``output`` field of an
+        ``AttentionOutput``).
     """
     call_kwargs = dict(call_kwargs or {})
     names = list(inputs)
@@ -100,9 +121,11 @@ def check_layer(
 
     # Eager.
     layer = layer_cls(**init_kwargs)
-    eager = _as_numpy(call(layer, inputs))
-    if expected_output_shape is not None and tuple(eager.shape) != tuple(expected_output_shape):
-        raise AssertionError(f"output shape {eager.shape} != {tuple(expected_output_shape)}")
+    result = call(layer, inputs)
+    eager = {name: _as_numpy(value) for name, value in _fields(result).items()}
+    output = eager["output"]
+    if expected_output_shape is not None and tuple(output.shape) != tuple(expected_output_shape):
+        raise AssertionError(f"output shape {output.shape} != {tuple(expected_output_shape)}")
 
     # Symbolic, in a functional model sharing the eager layer's weights.
     symbolic = {
@@ -110,12 +133,19 @@ def check_layer(
         for n, a in inputs.items()
     }
     out = call(layer, symbolic)
-    if len(out.shape) != eager.ndim or any(
-        s is not None and s != e for s, e in zip(out.shape, eager.shape)
-    ):
-        raise AssertionError(f"symbolic shape {out.shape} != eager shape {eager.shape}")
+    if isinstance(out, AttentionOutput) != isinstance(result, AttentionOutput):
+        raise AssertionError(f"symbolic call returned {type(out)}, eager call {type(result)}")
+    out = _fields(out)
+    if sorted(out) != sorted(eager):
+        raise AssertionError(f"symbolic fields {sorted(out)} != eager fields {sorted(eager)}")
+    for name, tensor in out.items():
+        want = eager[name].shape
+        if len(tensor.shape) != len(want) or any(
+            s is not None and s != e for s, e in zip(tensor.shape, want)
+        ):
+            raise AssertionError(f"symbolic {name} shape {tensor.shape} != eager shape {want}")
     model = keras.Model(symbolic, out)
-    _close(model(inputs), eager, tolerance, "functional model vs eager call")
+    _all_close(model(inputs), eager, tolerance, "functional model vs eager call")
 
     # Mixed precision, with the float32 layer's weights.
     if run_mixed_precision:
@@ -123,20 +153,21 @@ def check_layer(
             mixed = layer_cls.from_config({**config, "dtype": policy})
             call(mixed, inputs)
             mixed.set_weights(layer.get_weights())
-            result = call(mixed, inputs)
+            result = _fields(call(mixed, inputs))
             want = keras.DTypePolicy(policy).compute_dtype
-            if np.issubdtype(eager.dtype, np.floating) and keras.backend.standardize_dtype(
-                result.dtype
+            if np.issubdtype(output.dtype, np.floating) and keras.backend.standardize_dtype(
+                result["output"].dtype
             ) != want:
-                raise AssertionError(f"{policy}: output dtype {result.dtype} != {want}")
-            _close(result, eager, tol, f"{policy} vs float32")
+                raise AssertionError(f"{policy}: output dtype {result['output'].dtype} != {want}")
+            _all_close(result, eager, tol, f"{policy} vs float32")
 
-    # One fit step.
+    # One fit step, on the `output` field.
     if run_training and layer.trainable_weights:
-        model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
-        target = np.random.default_rng(0).normal(size=eager.shape).astype("float32")
+        trained = keras.Model(symbolic, out["output"])
+        trained.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
+        target = np.random.default_rng(0).normal(size=output.shape).astype("float32")
         before = [_as_numpy(w) for w in layer.trainable_weights]
-        history = model.fit(inputs, target, batch_size=len(eager), epochs=1, verbose=0)
+        history = trained.fit(inputs, target, batch_size=len(output), epochs=1, verbose=0)
         if not np.isfinite(history.history["loss"][0]):
             raise AssertionError("fit produced a non-finite loss")
         for w, b in zip(layer.trainable_weights, before):
@@ -148,5 +179,5 @@ def check_layer(
         path = os.path.join(tmp, "model.keras")
         model.save(path)
         loaded = keras.saving.load_model(path)
-    _close(loaded(inputs), model(inputs), 1e-6, ".keras save/load")
-    return eager
+    _all_close(loaded(inputs), model(inputs), 1e-6, ".keras save/load")
+    return output

@@ -13,7 +13,10 @@ import os
 import keras
 from keras import ops
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ResNet50Backbone", "TinyBackbone", "build_backbone"]
+__all__ = ["BACKBONES", "IMAGENET_MEAN", "IMAGENET_STD", "ResNet50Backbone", "TinyBackbone",
+           "build_backbone"]
+
+BACKBONES = ("resnet50", "tiny")  # the names `build_backbone` accepts
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # RGB, of pixel values in [0, 1]
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -191,4 +194,4 @@ def build_backbone(
                 f"The 'tiny' backbone has no pretrained weights. Received: weights={weights!r}"
             )
         return TinyBackbone(name="backbone", **kwargs)
-    raise ValueError(f"`name` must be 'resnet50' or 'tiny'. Received: name={name!r}")
+    raise ValueError(f"`name` must be one of {BACKBONES}. Received: name={name!r}")

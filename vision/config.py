@@ -6,6 +6,9 @@
 (two-stage queries, box refinement, local cross-attention; see `PRESETS`). The number of
 classes is not here: it comes from the data (``build_model(config, num_classes)``).
 
+Every field is checked once, in ``__post_init__`` (also after `preset` overrides); errors
+name the field and the value.
+
 Example:
     >>> config = preset("tiny", num_queries=10)
     >>> config.hidden_dim
@@ -16,7 +19,25 @@ from __future__ import annotations
 
 import dataclasses
 
+from vision.assignment import SOLVERS
+from vision.backbone import BACKBONES
+from vision.data.batching import AUGMENTATIONS
+from vision.queries import query_layer_class
+from vision.refinement import make_box_decoding
+
 __all__ = ["DetrConfig", "PRESETS", "preset"]
+
+# The `DETR` constructor arguments that come from the config (`model_kwargs`).
+_MODEL_FIELDS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
+                 "ffn_dim", "dropout", "num_queries", "norm_first", "query_type",
+                 "attention_radius", "box_refinement")
+_POSITIVE_INTS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
+                  "ffn_dim", "num_queries", "proposal_matches", "epochs", "batch_size",
+                  "image_size", "max_image_size")
+_NON_NEGATIVE = ("eos_coef", "cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox",
+                 "loss_giou", "backbone_lr_multiplier", "weight_decay")
+_BOOLS = ("norm_first", "box_refinement", "aux_loss")
+_RENAMED = {"backbone_learning_rate": "backbone_lr_multiplier (a fraction of learning_rate)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,10 +62,11 @@ class DetrConfig:
     dropout: float = 0.1
     num_queries: int = 100  # upper bound on detections per image
     norm_first: bool = False  # post-norm, as DETR's default (pre_norm=False)
-    # Convergence aids (DETR: "learned", None). "reference": a learned reference point per
-    # query positions the query and its box centre; "encoder": two-stage queries from the
-    # encoder's best proposals (see vision.model.DETR). attention_radius limits each query's
-    # cross-attention to a window around its reference point.
+    # Convergence aids (DETR: "learned", None, False). query_type names a layer of
+    # vision.queries.QUERY_LAYERS: "reference", a learned reference point per query positions
+    # the query and its box centre; "encoder", two-stage queries from the encoder's best
+    # proposals. attention_radius limits each query's cross-attention to a window around its
+    # reference point (needs reference points).
     query_type: str = "learned"
     attention_radius: float | None = None
     box_refinement: bool = False  # each decoder layer refines the previous layer's boxes
@@ -67,10 +89,12 @@ class DetrConfig:
 
     # Optimizer: AdamW with a 10x smaller learning rate for the backbone.
     learning_rate: float = 1e-4
-    backbone_learning_rate: float = 1e-5
+    # The backbone's learning rate is learning_rate times this (DETR: 1e-5 / 1e-4); it
+    # follows the learning-rate drop.
+    backbone_lr_multiplier: float = 0.1
     weight_decay: float = 1e-4  # decoupled, applied to every trainable variable as in DETR
     adam_epsilon: float = 1e-8  # PyTorch's AdamW default, which DETR uses (Keras's is 1e-7)
-    clip_norm: float = 0.1  # gradient clipping by the global norm over all gradients
+    clip_norm: float | None = 0.1  # gradient clipping by the global norm over all gradients
     epochs: int = 300
     lr_drop_epochs: int = 200  # both learning rates are multiplied by 0.1 after this epoch
     # A run bounded by --max-steps or --time-budget drops them once this share of the bound is
@@ -86,6 +110,89 @@ class DetrConfig:
     # Training augmentation: "detr" (flip, multi-scale resize, random crop), "flip" or "none".
     augmentation: str = "detr"
 
+    def __post_init__(self):
+        if isinstance(self.tiny_filters, list):  # e.g. from JSON
+            object.__setattr__(self, "tiny_filters", tuple(self.tiny_filters))
+        _check_types(self)
+        _check_values(self)
+
+    def model_kwargs(self) -> dict:
+        """The `vision.model.DETR` constructor arguments (all but num_classes and backbone)."""
+        return {field: getattr(self, field) for field in _MODEL_FIELDS}
+
+    def backbone_kwargs(self) -> dict:
+        """The arguments of `vision.backbone.build_backbone`."""
+        kwargs = {"name": self.backbone, "weights": self.backbone_weights}
+        if self.backbone == "tiny":
+            kwargs["filters"] = self.tiny_filters
+        return kwargs
+
+
+def _fail(field: str, value, expected: str):
+    raise ValueError(f"DetrConfig.{field} must be {expected}. Received: {field}={value!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_types(config: DetrConfig) -> None:
+    for field in _POSITIVE_INTS:
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            _fail(field, value, "a positive integer")
+    for field in _NON_NEGATIVE:
+        value = getattr(config, field)
+        if not _is_number(value) or not value >= 0:
+            _fail(field, value, "a number >= 0")
+    for field in ("learning_rate", "adam_epsilon"):
+        value = getattr(config, field)
+        if not _is_number(value) or not value > 0:
+            _fail(field, value, "a number > 0")
+    for field in _BOOLS:
+        if not isinstance(getattr(config, field), bool):
+            _fail(field, getattr(config, field), "True or False")
+    for field in ("name", "backbone", "query_type", "matcher_solver", "augmentation"):
+        if not isinstance(getattr(config, field), str):
+            _fail(field, getattr(config, field), "a string")
+    if not isinstance(config.tiny_filters, tuple) or not config.tiny_filters or not all(
+            isinstance(f, int) and not isinstance(f, bool) and f > 0
+            for f in config.tiny_filters):
+        _fail("tiny_filters", config.tiny_filters, "a non-empty tuple of positive integers")
+
+
+def _check_values(config: DetrConfig) -> None:
+    if config.backbone not in BACKBONES:
+        _fail("backbone", config.backbone, f"one of {BACKBONES}")
+    if config.backbone_weights is not None and (
+            config.backbone != "resnet50" or not isinstance(config.backbone_weights, str)):
+        _fail("backbone_weights", config.backbone_weights,
+              "None, or a weights file path with backbone='resnet50'")
+    if config.hidden_dim % 4 or config.hidden_dim % config.num_heads:
+        _fail("hidden_dim", config.hidden_dim,
+              f"a multiple of 4 and of num_heads={config.num_heads}")
+    if not _is_number(config.dropout) or not 0 <= config.dropout < 1:
+        _fail("dropout", config.dropout, "a number in [0, 1)")
+    # Query strategy, then the decoder side that must fit it (refinement, radius).
+    query_layer = query_layer_class(config.query_type)
+    make_box_decoding(config.box_refinement, config.attention_radius,
+                      query_layer.reference_size, config.query_type)
+    if config.cost_class == config.cost_bbox == config.cost_giou == 0:
+        _fail("cost_class", config.cost_class, "non-zero, or cost_bbox or cost_giou non-zero")
+    if config.matcher_solver not in SOLVERS:
+        _fail("matcher_solver", config.matcher_solver, f"one of {SOLVERS}")
+    if config.clip_norm is not None and (not _is_number(config.clip_norm)
+                                         or not config.clip_norm > 0):
+        _fail("clip_norm", config.clip_norm, "None or a number > 0")
+    if isinstance(config.lr_drop_epochs, bool) or not isinstance(config.lr_drop_epochs, int) or (
+            config.lr_drop_epochs < 0):
+        _fail("lr_drop_epochs", config.lr_drop_epochs, "an integer >= 0")
+    if config.lr_drop_fraction is not None and (
+            not _is_number(config.lr_drop_fraction) or not 0 < config.lr_drop_fraction <= 1):
+        _fail("lr_drop_fraction", config.lr_drop_fraction, "None or a number in (0, 1]")
+    if config.augmentation not in AUGMENTATIONS:
+        _fail("augmentation", config.augmentation, f"one of {AUGMENTATIONS}")
+
 
 # A 4-conv backbone, d 128, 3+3 layers, 20 queries, 128 px images, batch 16, lr 2e-4: the
 # setting of the reference CPU run of facebookresearch/detr in DESIGN section 8.
@@ -98,7 +205,7 @@ _TINY = dict(
     ffn_dim=512,
     num_queries=20,
     learning_rate=2e-4,
-    backbone_learning_rate=2e-5,  # keeps DETR's 10x ratio
+    backbone_lr_multiplier=0.1,  # DETR's ratio
     batch_size=16,
     image_size=128,
     max_image_size=128,
@@ -124,7 +231,7 @@ PRESETS: dict[str, DetrConfig] = {
             "box_refinement": True,
             "attention_radius": 0.3,
             "dropout": 0.0,
-            "backbone_learning_rate": 2e-4,
+            "backbone_lr_multiplier": 1.0,
             "augmentation": "flip",
         },
     ),
@@ -139,15 +246,19 @@ def preset(name: str, **overrides) -> DetrConfig:
         **overrides: fields of `DetrConfig` to replace.
 
     Returns:
-        A new frozen `DetrConfig`.
+        A new frozen `DetrConfig` (checked again).
 
     Raises:
-        ValueError: For an unknown preset name or field.
+        ValueError: For an unknown preset name or field, or a bad value.
     """
     if name not in PRESETS:
         raise ValueError(f"`name` must be one of {sorted(PRESETS)}. Received: name={name!r}")
     fields = {field.name for field in dataclasses.fields(DetrConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(f"Unknown DetrConfig fields: {unknown}. Known fields: {sorted(fields)}")
+        hints = "".join(f" `{old}` is now `{new}`." for old, new in _RENAMED.items()
+                        if old in unknown)
+        raise ValueError(
+            f"Unknown DetrConfig fields: {unknown}. Known fields: {sorted(fields)}.{hints}"
+        )
     return dataclasses.replace(PRESETS[name], **overrides)

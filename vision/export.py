@@ -29,7 +29,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from vision.augment import normalize_image, resized_shape
+from vision.data.augment import normalize_image, resized_shape
 from vision.postprocess import postprocess
 
 __all__ = [
@@ -67,7 +67,7 @@ def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
 
     Each image is decoded to RGB (grayscale and RGBA converted, first GIF frame), resized and
     normalized on its own, then the batch is zero-padded to the largest one, with the mask
-    marking real pixels, exactly as ``vision.batching.make_batches`` pads.
+    marking real pixels, exactly as ``vision.data.batching.make_batches`` pads.
 
     Args:
         image_bytes: ``(B,)`` tf.string.

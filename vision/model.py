@@ -1,51 +1,53 @@
-"""The DETR detector: CNN backbone, Transformer encoder-decoder, object queries, set loss.
+"""The DETR detector: backbone -> encoder -> object queries -> decoder -> heads.
 
 Follows facebookresearch/detr (``models/detr.py``, ``backbone.py``, ``transformer.py``):
 images and their pixel validity mask go through the backbone; the mask is resized (nearest)
 to the feature map and gives the 2-D sine position embedding; a 1x1 conv projects the
 features to ``hidden_dim``; the encoder attends over the flattened features (position added
-to queries and keys in every layer, padded keys masked); the decoder starts from zeros with
-``num_queries`` learned query positions added in every layer and returns every layer's
-output; shared heads give class logits (last index = no-object) and normalized cxcywh boxes.
+to queries and keys in every layer, padded keys masked); a query strategy
+(`vision.queries`) gives the decoder's starting content, query positions and reference
+points; the decoding strategy (`vision.refinement`) runs the decoder and predicts every
+layer's boxes; the shared class head gives the logits (last index = no-object).
 
 Training uses Keras ``fit``: ``compute_loss`` is the Hungarian-matched ``SetCriterion``.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import keras
 from keras import ops
 
 from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, TransformerEncoder
 from vision.backbone import build_backbone
+from vision.geometry import resize_mask
+from vision.heads import MLP
+from vision.init import reset_transformer_parameters, torch_linear_init
 from vision.losses import SetCriterion
 from vision.matcher import HungarianMatcher
 from vision.optimizer import DetrAdamW
-from vision.queries import (
-    grid_reference_logits,
-    near_points,
-    reference_embedding,
-    refine_boxes,
-    reset_transformer_parameters,
-    resize_mask,
-    select_proposals,
-    torch_linear_init,
-)
+from vision.queries import query_layer_class
+from vision.refinement import make_box_decoding
 
-QUERY_TYPES = ("learned", "reference", "encoder")
-
-__all__ = [
-    "DETR",
-    "QUERY_TYPES",
-    "build_criterion",
-    "build_model",
-    "reset_transformer_parameters",
-    "resize_mask",
-]
+__all__ = ["DETR", "DetrOutput", "build_criterion", "build_model"]
 
 _LOSS_TERMS = ("loss_ce", "loss_bbox", "loss_giou")
+
+
+class DetrOutput(NamedTuple):
+    """The result of `DETR.forward`.
+
+    Attributes:
+        predictions: what ``DETR.call`` returns (see `DETR`).
+        cross_attention: ``(L, B, heads, Q, h * w)`` the decoder's cross-attention weights
+            (row-major over the feature map), or ``None`` unless asked for.
+        feature_size: ``(h, w)`` the feature map's size (ints or scalar tensors).
+    """
+
+    predictions: dict
+    cross_attention: Any | None
+    feature_size: tuple
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -63,25 +65,15 @@ class DETR(keras.Model):
         dropout: Transformer dropout.
         num_queries: object queries ``Q``.
         norm_first: pre-norm Transformer when True (DETR's default is post-norm).
-        query_type: where the object queries come from.
-            ``"learned"``: DETR's learned ``query_pos`` (one vector per query).
-            ``"reference"``: a learned reference point ``(cx, cy)`` per query, initialized on
-            a grid over the image; its position embedding is an MLP of the point's sine
-            features (as DAB-/Conditional DETR) and the box centre is predicted as an offset
-            from the point in logit space.
-            ``"encoder"``: two-stage, as Deformable DETR's and Efficient DETR's: every encoder
-            cell predicts a class and a box (relative to an anchor of 2x2 cells at the cell);
-            those proposals get their own set loss (``outputs["enc_outputs"]``); the
-            ``num_queries`` cells of highest object score become the queries, with the
-            cell's feature as the decoder's starting content, the proposal box (no gradient)
-            as reference box, an MLP of its sine features as position embedding, and every
-            predicted box an offset from it in logit space.
-        attention_radius: unless ``query_type="learned"``, limits each query's
-            cross-attention to the feature cells within this distance (normalized image
-            coordinates, per axis) of its reference point. ``None``: the whole image.
-        box_refinement: with ``query_type="encoder"``, each decoder layer refines the boxes
-            of the previous one, which position the next layer (Deformable DETR's iterative
-            refinement).
+        query_type: where the object queries come from, a key of
+            `vision.queries.QUERY_LAYERS`: ``"learned"`` (DETR), ``"reference"`` (learned
+            reference points) or ``"encoder"`` (two-stage proposals); see `vision.queries`.
+        attention_radius: with a ``query_type`` that has reference points, limits each
+            query's cross-attention to the feature cells within this distance (normalized
+            image coordinates, per axis) of its reference point. ``None``: the whole image.
+        box_refinement: each decoder layer refines the boxes of the previous one, which
+            position the next layer (Deformable DETR's iterative refinement); needs
+            reference boxes (``query_type="encoder"``). See `vision.refinement`.
         **kwargs: base model arguments.
 
     Call arguments:
@@ -92,12 +84,13 @@ class DETR(keras.Model):
     Returns:
         dict with ``"pred_logits"`` ``(B, Q, C + 1)``, ``"pred_boxes"`` ``(B, Q, 4)``
         (normalized cxcywh in [0, 1], float32) and ``"aux_outputs"``: a list of
-        ``num_decoder_layers - 1`` dicts with the same two keys, one per earlier decoder layer.
-        With ``query_type="encoder"`` also ``"enc_outputs"``: the proposals of every feature
-        cell, ``pred_logits`` ``(B, S, C + 1)``, ``pred_boxes`` ``(B, S, 4)`` and ``valid``
-        ``(B, S)`` (False for padded cells). ``S`` depends on the padded image size, so
-        ``model.predict`` over batches of different sizes cannot concatenate them: call the
-        model per batch (as `vision.export` does) or use fixed-size batches.
+        ``num_decoder_layers - 1`` dicts with the same two keys, one per earlier decoder layer;
+        plus the query strategy's extra outputs. With ``query_type="encoder"`` that is
+        ``"enc_outputs"``: the proposals of every feature cell, ``pred_logits``
+        ``(B, S, C + 1)``, ``pred_boxes`` ``(B, S, 4)`` and ``valid`` ``(B, S)`` (False for
+        padded cells). ``S`` depends on the padded image size, so ``model.predict`` over
+        batches of different sizes cannot concatenate them: call the model per batch (as
+        `vision.export` does) or use fixed-size batches.
     """
 
     def __init__(
@@ -118,24 +111,9 @@ class DETR(keras.Model):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if query_type not in QUERY_TYPES:
-            raise ValueError(
-                f"`query_type` must be one of {QUERY_TYPES}. Received: query_type={query_type!r}"
-            )
-        if box_refinement and query_type != "encoder":
-            raise ValueError(
-                "`box_refinement` needs reference boxes: `query_type='encoder'`. Received: "
-                f"query_type={query_type!r}"
-            )
-        if attention_radius is not None and (
-            query_type == "learned" or isinstance(attention_radius, bool)
-            or not isinstance(attention_radius, (int, float)) or attention_radius <= 0
-        ):
-            raise ValueError(
-                "`attention_radius` must be None or a positive number, and needs a "
-                "`query_type` with reference points ('reference' or 'encoder'). Received: "
-                f"attention_radius={attention_radius!r}, query_type={query_type!r}"
-            )
+        query_layer = query_layer_class(query_type)
+        box_decoding = make_box_decoding(box_refinement, attention_radius,
+                                         query_layer.reference_size, query_type)
         for arg, value in (("num_classes", num_classes), ("num_queries", num_queries)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{arg}` must be a positive integer. Received: {value!r}")
@@ -153,57 +131,29 @@ class DETR(keras.Model):
         self.num_queries = num_queries
         self.norm_first = norm_first
         self.query_type = query_type
-        self.box_refinement = bool(box_refinement)
-        self.attention_radius = None if attention_radius is None else float(attention_radius)
+        self.attention_radius = box_decoding.attention_radius
+        self.box_refinement = box_refinement
 
-        d = hidden_dim
+        # Created in the order of the model before the strategies became layers, so that
+        # the same seed gives the same initial weights.
+        d, policy = hidden_dim, self.dtype_policy
         self.backbone = backbone
-        self.position = SinePositionEmbedding2D(d // 2, dtype=self.dtype_policy, name="position")
+        self.position = SinePositionEmbedding2D(d // 2, dtype=policy, name="position")
         self.input_proj = keras.layers.Conv2D(
-            d, 1, dtype=self.dtype_policy, name="input_proj",
-            **torch_linear_init(backbone.output_channels),
+            d, 1, dtype=policy, name="input_proj", **torch_linear_init(backbone.output_channels)
         )
-        stack = dict(
-            num_heads=num_heads, hidden_dim=ffn_dim, dropout=dropout, norm_first=norm_first,
-            dtype=self.dtype_policy,
-        )
+        stack = dict(num_heads=num_heads, hidden_dim=ffn_dim, dropout=dropout,
+                     norm_first=norm_first, dtype=policy)
         self.encoder = TransformerEncoder(num_encoder_layers, name="encoder", **stack)
         self.decoder = TransformerDecoder(
             num_decoder_layers, return_intermediate=True, final_norm=True, name="decoder", **stack
         )
         self.class_head = keras.layers.Dense(
-            num_classes + 1, dtype=self.dtype_policy, name="class_head", **torch_linear_init(d)
+            num_classes + 1, dtype=policy, name="class_head", **torch_linear_init(d)
         )
-        self.box_head = [
-            keras.layers.Dense(
-                units, activation=activation, dtype=self.dtype_policy, name=f"box_head_{i}",
-                **torch_linear_init(d),
-            )
-            for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
-        ]
-        if query_type != "learned":
-            # The position embedding of a reference point (2 coordinates) or box (4).
-            self._reference_features = d * (2 if query_type == "encoder" else 1)
-            self.reference_mlp = [
-                keras.layers.Dense(
-                    units, activation=activation, dtype=self.dtype_policy,
-                    name=f"reference_mlp_{i}", **torch_linear_init(fan_in),
-                )
-                for i, (units, activation, fan_in) in enumerate(
-                    [(d, "relu", self._reference_features), (d, None, d)])
-            ]
-        if query_type == "encoder":
-            self.proposal_class_head = keras.layers.Dense(
-                num_classes + 1, dtype=self.dtype_policy, name="proposal_class_head",
-                **torch_linear_init(d),
-            )
-            self.proposal_box_head = [
-                keras.layers.Dense(
-                    units, activation=activation, dtype=self.dtype_policy,
-                    name=f"proposal_box_head_{i}", **torch_linear_init(d),
-                )
-                for i, (units, activation) in enumerate([(d, "relu"), (d, "relu"), (4, None)])
-            ]
+        self.box_head = MLP(d, d, 4, 3, dtype=policy, name="box_head")
+        self.queries = query_layer(num_queries, d, num_classes, dtype=policy, name="queries")
+        self.box_decoding = box_decoding
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
         self._num_replicas = 1
@@ -212,36 +162,17 @@ class DETR(keras.Model):
     def build(self, inputs_shape):
         images_shape = inputs_shape["images"] if isinstance(inputs_shape, dict) else inputs_shape
         images_shape = (None, None, None, images_shape[-1])
-        d, q = self.hidden_dim, self.num_queries
+        d = self.hidden_dim
         if not self.backbone.built:  # a deserialized backbone comes built
             self.backbone.build(images_shape, images_shape[:3])
         self.input_proj.build((None, None, None, self.backbone.output_channels))
         self.encoder.build((None, None, d))
-        self.decoder.build((None, q, d), (None, None, d))
+        self.decoder.build((None, self.num_queries, d), (None, None, d))
         reset_transformer_parameters(self.encoder)
         reset_transformer_parameters(self.decoder)
         self.class_head.build((None, None, d))
-        for layer in self.box_head:
-            layer.build((None, None, d))
-        if self.query_type != "learned":
-            self.reference_mlp[0].build((None, self._reference_features))
-            self.reference_mlp[1].build((None, d))
-        if self.query_type == "encoder":
-            self.proposal_class_head.build((None, None, d))
-            for layer in self.proposal_box_head:
-                layer.build((None, None, d))
-        elif self.query_type == "reference":
-            # Points on a regular grid over the image, stored as logits (inverse sigmoid).
-            self.reference_logits = self.add_weight(
-                shape=(q, 2), initializer=keras.initializers.Constant(grid_reference_logits(q)),
-                name="reference_logits",
-            )
-        else:
-            # nn.Embedding's default N(0, 1), as DETR's query_embed.
-            self.query_embed = self.add_weight(
-                shape=(q, d), initializer=keras.initializers.RandomNormal(stddev=1.0),
-                name="query_embed",
-            )
+        self.box_head.build((None, None, d))
+        self.queries.build((None, None, d), (None, None, None))
         self.built = True
 
     @property
@@ -250,100 +181,47 @@ class DETR(keras.Model):
         return list(self.backbone.trainable_variables)
 
     def call(self, inputs, training=None):
-        return self.forward(inputs, training=training)[0]
+        return self.forward(inputs, training=training).predictions
 
-    def forward(self, inputs, training=None, return_cross_attention: bool = False):
+    def forward(self, inputs, training=None, return_cross_attention: bool = False) -> DetrOutput:
         """The forward pass of ``call``, optionally with the decoder's cross-attention.
 
         Returns:
-            ``(outputs, weights, (h, w))``: ``outputs`` as ``call``; ``weights``
-            ``(L, B, heads, Q, h * w)`` or ``None``; ``(h, w)`` the feature-map size.
+            A `DetrOutput`: ``predictions`` (as ``call``), ``cross_attention``
+            ``(L, B, heads, Q, h * w)`` or ``None``, ``feature_size`` ``(h, w)``.
         """
-        if not isinstance(inputs, dict) or "images" not in inputs:
-            raise ValueError(
-                "`inputs` must be a dict with 'images' (B, H, W, 3) and optionally 'mask' "
-                f"(B, H, W). Received: {type(inputs).__name__}"
-                + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "")
-            )
-        images = inputs["images"]
-        valid = inputs.get("mask")
-        if valid is None:
-            valid = ops.ones(ops.shape(images)[:3], dtype="bool")
-        valid = ops.cast(valid, "bool")
+        images, valid = _images_and_mask(inputs)
         features = self.backbone(images, valid=valid, training=training)  # (B, h, w, C)
-        shape = ops.shape(features)
-        batch, d = shape[0], self.hidden_dim
-        feature_valid = resize_mask(valid, shape[1], shape[2])  # (B, h, w)
-        pos = self.position(feature_valid)  # (B, h, w, d)
-        x = self.input_proj(features)  # (B, h, w, d)
-        x = ops.reshape(x, (batch, -1, d))  # (B, S = h * w, d)
-        pos = ops.reshape(pos, (batch, -1, d))  # (B, S, d)
-        memory_mask = ops.reshape(feature_valid, (batch, -1))  # (B, S)
-        memory = self.encoder(x, padding_mask=memory_mask, pos=pos, training=training)
-
-        outputs = {}
-        reference = None  # logits of the reference points (Q, 2) or boxes (B, Q, 4)
-        if self.query_type == "learned":
-            query_pos = ops.cast(self.query_embed, self.compute_dtype)  # (Q, d)
-            query_pos = ops.repeat(query_pos[None], batch, axis=0)  # (B, Q, d)
-            target = ops.zeros_like(query_pos)
-        elif self.query_type == "reference":
-            reference = ops.cast(self.reference_logits, "float32")  # (Q, 2)
-            points = ops.repeat(ops.sigmoid(reference)[None], batch, axis=0)  # (B, Q, 2)
-            query_pos = reference_embedding(points, d, self.reference_mlp, self.compute_dtype)
-            target = ops.zeros_like(query_pos)
-        else:
-            proposals, target, reference = select_proposals(
-                memory, feature_valid, self.proposal_class_head, self.proposal_box_head,
-                self.num_classes, self.num_queries,
-            )
-            outputs["enc_outputs"] = proposals
-            points = ops.sigmoid(reference)  # (B, Q, 4)
-            if not self.box_refinement:  # refinement embeds each layer's own boxes
-                query_pos = reference_embedding(points, d, self.reference_mlp, self.compute_dtype)
-        if self.box_refinement:
-            def position(points):  # (B, Q, 4) boxes -> query positions, attention mask
-                window = memory_mask if self.attention_radius is None else near_points(
-                    feature_valid, points[..., :2], self.attention_radius)
-                return reference_embedding(
-                    points, d, self.reference_mlp, self.compute_dtype), window
-
-            hs, boxes, weights = refine_boxes(
-                self.decoder, self._box_logits, position, target, memory, pos, reference,
-                return_cross_attention, training,
-            )
-        else:
-            if self.attention_radius is not None:  # (B, Q, S)
-                memory_mask = near_points(feature_valid, points[..., :2], self.attention_radius)
-            decoded = self.decoder(
-                target, memory, memory_mask=memory_mask, query_pos=query_pos,
-                memory_pos=pos, return_cross_attention=return_cross_attention,
-                training=training,
-            )  # (L, B, Q, d) [, (L, B, heads, Q, S)]
-            hs, weights = decoded if return_cross_attention else (decoded, None)
-            boxes = self._box_logits(hs)  # (L, B, Q, 4)
-            if reference is not None:
-                if reference.shape[-1] == 2:  # points: offsets of the centres only
-                    reference = ops.pad(reference, [[0, 0], [0, 2]])
-                boxes = boxes + reference  # (Q, 4) or (B, Q, 4) broadcasts over (L, B, Q, 4)
-            boxes = ops.sigmoid(boxes)  # (L, B, Q, 4)
-        logits = ops.cast(self.class_head(hs), "float32")  # (L, B, Q, C + 1)
-        outputs = {
-            **outputs,
+        memory, memory_pos, feature_valid = self._encode(features, valid, training)
+        start = self.queries(memory, feature_valid, training=training)
+        decoded = self.box_decoding(
+            self.decoder, self.box_head, self.queries, start, memory, memory_pos,
+            feature_valid, return_cross_attention=return_cross_attention, training=training,
+        )  # hidden (L, B, Q, d), boxes (L, B, Q, 4)
+        logits = ops.cast(self.class_head(decoded.hidden), "float32")  # (L, B, Q, C + 1)
+        predictions = {
+            **start.extra,
             "pred_logits": logits[-1],
-            "pred_boxes": boxes[-1],
+            "pred_boxes": decoded.boxes[-1],
             "aux_outputs": [
-                {"pred_logits": logits[i], "pred_boxes": boxes[i]}
+                {"pred_logits": logits[i], "pred_boxes": decoded.boxes[i]}
                 for i in range(self.num_decoder_layers - 1)
             ],
         }
-        return outputs, weights, (shape[1], shape[2])
+        size = ops.shape(features)[1:3]
+        return DetrOutput(predictions, decoded.attention, (size[0], size[1]))
 
-    def _box_logits(self, hs):
-        boxes = hs
-        for layer in self.box_head:
-            boxes = layer(boxes)
-        return ops.cast(boxes, "float32")
+    def _encode(self, features, valid, training):
+        """``(B, h, w, C)`` features -> memory ``(B, S, d)``, its positions ``(B, S, d)`` and
+        the feature cells' validity ``(B, h, w)``."""
+        shape = ops.shape(features)
+        batch, d = shape[0], self.hidden_dim
+        feature_valid = resize_mask(valid, shape[1], shape[2])  # (B, h, w)
+        pos = ops.reshape(self.position(feature_valid), (batch, -1, d))  # (B, S = h * w, d)
+        x = ops.reshape(self.input_proj(features), (batch, -1, d))  # (B, S, d)
+        memory_mask = ops.reshape(feature_valid, (batch, -1))  # (B, S)
+        memory = self.encoder(x, padding_mask=memory_mask, pos=pos, training=training)
+        return memory, pos, feature_valid
 
     # --- training ----------------------------------------------------------------------------
 
@@ -457,6 +335,21 @@ class DETR(keras.Model):
         return cls(**config)
 
 
+def _images_and_mask(inputs):
+    """``{"images": (B, H, W, 3), "mask": (B, H, W) | absent}`` -> images, bool mask."""
+    if not isinstance(inputs, dict) or "images" not in inputs:
+        raise ValueError(
+            "`inputs` must be a dict with 'images' (B, H, W, 3) and optionally 'mask' "
+            f"(B, H, W). Received: {type(inputs).__name__}"
+            + (f" with keys {sorted(inputs)}" if isinstance(inputs, dict) else "")
+        )
+    images = inputs["images"]
+    valid = inputs.get("mask")
+    if valid is None:
+        valid = ops.ones(ops.shape(images)[:3], dtype="bool")
+    return images, ops.cast(valid, "bool")
+
+
 def build_criterion(config, num_classes: int) -> SetCriterion:
     """The `SetCriterion` of a `vision.config.DetrConfig` for ``num_classes`` classes."""
     matcher = HungarianMatcher(
@@ -473,22 +366,13 @@ def build_model(config, num_classes: int) -> DETR:
     """Builds (uncompiled, with weights) the `DETR` of a `vision.config.DetrConfig`.
 
     Args:
-        config: the model fields of the config are used.
+        config: its ``backbone_kwargs()`` and ``model_kwargs()`` are used.
         num_classes: number of object classes, from the data.
 
     Returns:
-        A built `DETR`.
+        A built `DETR` named ``"detr"``.
     """
-    kwargs = {"filters": config.tiny_filters} if config.backbone == "tiny" else {}
-    backbone = build_backbone(config.backbone, weights=config.backbone_weights, **kwargs)
-    model = DETR(
-        num_classes, backbone, hidden_dim=config.hidden_dim, num_heads=config.num_heads,
-        num_encoder_layers=config.num_encoder_layers,
-        num_decoder_layers=config.num_decoder_layers, ffn_dim=config.ffn_dim,
-        dropout=config.dropout, num_queries=config.num_queries, norm_first=config.norm_first,
-        query_type=config.query_type, attention_radius=config.attention_radius,
-        box_refinement=config.box_refinement,
-        name="detr",
-    )
+    backbone = build_backbone(**config.backbone_kwargs())
+    model = DETR(num_classes, backbone, **config.model_kwargs(), name="detr")
     model.build({"images": (None, None, None, 3), "mask": (None, None, None)})
     return model

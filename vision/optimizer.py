@@ -108,19 +108,22 @@ class DetrAdamW(keras.optimizers.Adam):
 def build_optimizer(config, model) -> DetrAdamW:
     """DETR's optimizer for `model`, from a `vision.config.DetrConfig`.
 
+    The backbone's step uses ``learning_rate * config.backbone_lr_multiplier`` at every
+    step, so it follows whatever sets the optimizer's ``learning_rate`` (e.g. the trainer's
+    learning-rate drop).
+
     Args:
-        config: learning rates, weight decay, epsilon and clipping norm are read from it.
+        config: learning rate, backbone multiplier, weight decay, epsilon and clipping norm
+            are read from it (checked by `DetrConfig` itself).
         model: a `vision.model.DETR`; its ``backbone_variables`` get the backbone rate.
 
     Returns:
         A `DetrAdamW` with the backbone variables set.
     """
-    if config.learning_rate <= 0:
-        raise ValueError(f"`learning_rate` must be > 0. Received: {config.learning_rate!r}")
     optimizer = DetrAdamW(
         learning_rate=config.learning_rate,
         weight_decay=config.weight_decay,
-        backbone_lr_multiplier=config.backbone_learning_rate / config.learning_rate,
+        backbone_lr_multiplier=config.backbone_lr_multiplier,
         epsilon=config.adam_epsilon,
         global_clipnorm=config.clip_norm,
     )

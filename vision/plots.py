@@ -87,11 +87,10 @@ def cross_attention(model, inputs: dict) -> tuple[dict, np.ndarray, tuple[int, i
         is each decoder layer's attention of each query over the feature map cells (row-major
         over the ``(h, w)`` grid of stride ``model.backbone.stride``).
     """
-    outputs, weights, (height, width) = model.forward(
-        inputs, training=False, return_cross_attention=True
-    )
-    outputs = {k: outputs[k] for k in ("pred_logits", "pred_boxes")}
-    weights = ops.convert_to_numpy(ops.cast(weights, "float32"))
+    result = model.forward(inputs, training=False, return_cross_attention=True)
+    outputs = {k: result.predictions[k] for k in ("pred_logits", "pred_boxes")}
+    weights = ops.convert_to_numpy(ops.cast(result.cross_attention, "float32"))
+    height, width = result.feature_size
     return outputs, weights, (int(height), int(width))
 
 

@@ -1,225 +1,234 @@
-"""The geometry of DETR's object queries and DETR's own initialization.
+"""Where DETR's object queries come from: one registered layer per strategy.
 
-The validity mask of the feature map, reference points and boxes (DAB-/Conditional DETR),
-two-stage proposals from the encoder's cells (Deformable / Efficient DETR), iterative box
-refinement, the cross-attention window around a reference point, and the PyTorch
-initializations DETR relies on. `vision.model.DETR` uses them; ``keras.ops`` only.
+Every strategy has the same call contract, ``queries(memory, feature_valid) ->
+QueryOutput``: the decoder's starting content, the query position embedding, the
+reference points or boxes (logits) that position the queries, and extra model outputs.
+Strategies with references own the MLP that embeds a point or box as a query position
+(``embed``), which `vision.refinement.IterativeRefinement` uses again for later layers.
+
+- ``"learned"``, `LearnedQueries`: DETR's learned ``query_pos``, content zeros, no reference.
+- ``"reference"``, `ReferenceQueries`: a learned reference point per query on a grid
+  (DAB-/Conditional DETR); position = MLP of the point's sine features; each box centre is an
+  offset from the point in logit space.
+- ``"encoder"``, `TwoStageQueries`: two-stage (Deformable / Efficient DETR): every encoder
+  cell proposes a class and a box; the ``Q`` best cells become the queries, with the cell's
+  feature as content and its box (no gradient) as reference; the proposals get their own set
+  loss (``extra["enc_outputs"]``).
+
+Adding a strategy: one layer class here with the contract below, and its name in
+`QUERY_LAYERS` (which `vision.config.DetrConfig.query_type` accepts).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import keras
 from keras import ops
 
 from tfx_transformer import sine_features
+from vision.geometry import cell_anchors, grid_reference_logits
+from vision.heads import MLP
+from vision.init import torch_linear_init
 
-__all__ = [
-    "cell_centres",
-    "grid_reference_logits",
-    "near_points",
-    "reference_embedding",
-    "refine_boxes",
-    "reset_transformer_parameters",
-    "resize_mask",
-    "select_proposals",
-    "torch_linear_init",
-]
+__all__ = ["QUERY_LAYERS", "LearnedQueries", "QueryOutput", "QueryStrategy",
+           "ReferenceQueries", "TwoStageQueries", "query_layer_class"]
 
 
-def grid_reference_logits(num_queries: int) -> list[list[float]]:
-    """Logits (inverse sigmoid) of ``num_queries`` points ``(x, y)`` on a grid over the image.
+class QueryOutput(NamedTuple):
+    """What a query strategy gives the decoder (``B`` images, ``Q`` queries, ``d`` width).
 
-    ``ceil(sqrt(Q))`` columns and as many rows as needed, each point at its cell's centre.
+    Attributes:
+        content: ``(B, Q, d)`` the decoder's input.
+        position: ``(B, Q, d)`` query position embedding added in every layer.
+        reference: ``(B, Q, K)`` float32 logits of the reference points (``K = 2``, cx cy) or
+            boxes (``K = 4``, cxcywh) the predicted boxes are offsets from; ``None`` without.
+        extra: more entries of the model's outputs (e.g. ``"enc_outputs"``); may be empty.
     """
-    side = math.ceil(math.sqrt(num_queries))
-    rows = math.ceil(num_queries / side)  # the rows actually used, so the grid spans the image
-    grid = [[((i % side) + 0.5) / side, ((i // side) + 0.5) / rows] for i in range(num_queries)]
-    return [[math.log(v / (1.0 - v)) for v in point] for point in grid]
+
+    content: Any
+    position: Any
+    reference: Any | None
+    extra: dict
 
 
-def reset_transformer_parameters(stack) -> None:
-    """Re-initializes a Transformer stack as DETR's ``Transformer._reset_parameters`` does.
+class QueryStrategy(keras.layers.Layer):
+    """Base class of the query layers: arguments, config, and the ``embed`` contract.
 
-    DETR applies ``xavier_uniform_`` to every PyTorch weight matrix of its Transformer. Keras
-    computes the fans of the 3-D attention kernels ``(d, H, k)`` as if they were conv kernels,
-    which makes them about 3x smaller (and the attention logits about 9x flatter) than
-    DETR's. Here each kernel gets the bound of its PyTorch matrix: the packed query/key/value
-    projection ``(3d, d)`` gives ``sqrt(6 / 4d)``, the output projection ``(d, d)``
-    ``sqrt(6 / 2d)``, the feed-forward ``(f, d)``/``(d, f)`` ``sqrt(6 / (d + f))``. Biases keep
-    PyTorch's values: zero in attention, ``U(+-1/sqrt(fan_in))`` in the feed-forward layers.
+    Args:
+        num_queries: ``Q``.
+        hidden_dim: ``d``, the Transformer width.
+        num_classes: object classes ``C`` (used by strategies that classify proposals).
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        memory: ``(B, S, d)`` encoder output, ``S = h * w`` cells row-major.
+        feature_valid: ``(B, h, w)`` bool, ``True`` = a cell of the image.
+        training: unused by the strategies here.
+
+    Returns:
+        A `QueryOutput`.
     """
-    def uniform(variable, bound):
-        variable.assign(keras.random.uniform(variable.shape, -bound, bound, variable.dtype))
 
-    for layer in stack.layers:
-        for name in ("self_attention", "cross_attention"):
-            attention = getattr(layer, name, None)
-            if attention is None:
-                continue
-            d = attention.query_dense.kernel.shape[0]
-            for dense in (attention.query_dense, attention.key_dense, attention.value_dense):
-                uniform(dense.kernel, math.sqrt(6.0 / (4 * d)))
-            out = attention.output_dense.kernel
-            uniform(out, math.sqrt(6.0 / (out.shape[0] * out.shape[1] + out.shape[2])))
-        for dense in (layer.feedforward.inner, layer.feedforward.outer):
-            fan_in, fan_out = dense.kernel.shape
-            uniform(dense.kernel, math.sqrt(6.0 / (fan_in + fan_out)))
-            uniform(dense.bias, 1.0 / math.sqrt(fan_in))
+    #: Coordinates of the reference: 0 (none), 2 (points) or 4 (boxes).
+    reference_size = 0
 
+    def __init__(self, num_queries: int, hidden_dim: int, num_classes: int, **kwargs):
+        super().__init__(**kwargs)
+        self.num_queries = num_queries
+        self.hidden_dim = hidden_dim
+        self.num_classes = num_classes
 
-def torch_linear_init(fan_in: int) -> dict:
-    """PyTorch's default ``nn.Linear`` / ``nn.Conv2d`` initialization, used by DETR's heads."""
-    bound = 1.0 / math.sqrt(fan_in)
-    return dict(
-        kernel_initializer=keras.initializers.VarianceScaling(1.0 / 3.0, "fan_in", "uniform"),
-        bias_initializer=keras.initializers.RandomUniform(-bound, bound),
-    )
+    def embed(self, reference: Any) -> Any:
+        """``(B, Q, K)`` normalized points or boxes -> ``(B, Q, d)`` query positions."""
+        raise ValueError(
+            f"{type(self).__name__} has no reference points to embed (reference_size=0)."
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_queries=self.num_queries, hidden_dim=self.hidden_dim,
+                      num_classes=self.num_classes)
+        return config
 
 
-def reference_embedding(points, hidden_dim: int, mlp, dtype="float32"):
-    """``(B, Q, K)`` normalized points or cxcywh boxes -> ``(B, Q, d)`` query positions.
+def _sine_embedding(points: Any, hidden_dim: int, mlp: MLP, dtype: Any) -> Any:
+    """``(B, Q, K)`` normalized coordinates -> ``(B, Q, d)``: sine features through ``mlp``.
 
-    The sine features (``y`` before ``x``, as `SinePositionEmbedding2D`'s layout) of
-    each coordinate times 2π, through a two-layer MLP.
+    ``d / 2`` sine features per coordinate times 2π (``y`` before ``x``, the layout of
+    `tfx_transformer.SinePositionEmbedding2D`).
     """
     order = [1, 0] if points.shape[-1] == 2 else [1, 0, 2, 3]
     points = ops.take(points, order, axis=-1) * (2 * math.pi)
-    query_pos = ops.cast(sine_features(points, hidden_dim // 2), dtype)
-    for layer in mlp:
-        query_pos = layer(query_pos)
-    return query_pos
+    return mlp(ops.cast(sine_features(points, hidden_dim // 2), dtype))  # (B, Q, K*d/2) -> d
 
 
-def cell_centres(feature_valid):
-    """``(B, h, w)`` validity -> cell centres ``cx``, ``cy`` ``(B, h, w)`` normalized by the
-    valid extent, and the valid width ``(B, h, 1)`` and height ``(B, 1, w)`` in cells."""
-    valid = ops.cast(feature_valid, "float32")  # (B, h, w)
-    cells_h = ops.sum(valid, axis=1, keepdims=True)  # (B, 1, w)
-    cells_w = ops.sum(valid, axis=2, keepdims=True)  # (B, h, 1)
-    cy = (ops.cumsum(valid, axis=1) - 0.5) / (cells_h + 1e-6)
-    cx = (ops.cumsum(valid, axis=2) - 0.5) / (cells_w + 1e-6)
-    return cx, cy, cells_w, cells_h
+@keras.saving.register_keras_serializable(package="vision")
+class LearnedQueries(QueryStrategy):
+    """DETR's queries: zeros as content, a learned position per query (``query_embed``)."""
 
-
-def select_proposals(memory, feature_valid, class_head, box_head, num_classes: int,
-                     num_queries: int):
-    """Two-stage queries: every cell's proposal, then the ``Q`` best as queries.
-
-    Returns:
-        ``(proposals, target, reference)``: ``proposals`` a dict with ``pred_logits``
-        ``(B, S, C + 1)`` and ``pred_boxes`` ``(B, S, 4)`` (padded cells: certain
-        no-object), ``target`` ``(B, Q, d)`` the chosen cells' features, ``reference``
-        ``(B, Q, 4)`` the logits of their boxes, without gradient.
-    """
-    batch, q = ops.shape(memory)[0], num_queries
-    cx, cy, cells_w, cells_h = cell_centres(feature_valid)
-    width = 2.0 / ops.maximum(cells_w, 1.0) + ops.zeros_like(cx)  # (B, h, w): 2 cells
-    height = 2.0 / ops.maximum(cells_h, 1.0) + ops.zeros_like(cy)
-    anchors = ops.reshape(ops.stack([cx, cy, width, height], axis=-1), (batch, -1, 4))
-    anchors = ops.clip(anchors, 0.01, 0.99)
-    anchors = ops.log(anchors / (1.0 - anchors))  # (B, S, 4) logits
-    valid = ops.reshape(feature_valid, (batch, -1))  # (B, S)
-    logits = ops.cast(class_head(memory), "float32")  # (B, S, C + 1)
-    no_object = ops.one_hot(num_classes, num_classes + 1) * 2e4 - 1e4
-    logits = ops.where(valid[..., None], logits, no_object)
-    boxes = memory
-    for layer in box_head:
-        boxes = layer(boxes)
-    boxes = ops.cast(boxes, "float32") + anchors  # (B, S, 4) logits
-    # "valid": padded cells are never matched and take no part in the loss.
-    proposals = {"pred_logits": logits, "pred_boxes": ops.sigmoid(boxes), "valid": valid}
-
-    # Object score of each cell; Q dummy candidates (never better than a valid cell)
-    # keep top_k defined when the feature map has fewer than Q cells.
-    score = ops.max(ops.softmax(ops.stop_gradient(logits), axis=-1)[..., :-1], axis=-1)
-    score = ops.where(valid, score, -1.0)  # (B, S)
-    score = ops.pad(score, [[0, 0], [0, q]], constant_values=-2.0)  # (B, S + Q)
-    memory = ops.pad(memory, [[0, 0], [0, q], [0, 0]])
-    boxes = ops.pad(ops.stop_gradient(boxes), [[0, 0], [0, q], [0, 0]])  # centre cells
-    _, chosen = ops.top_k(score, q)  # (B, Q)
-    target = ops.take_along_axis(memory, chosen[..., None], axis=1)  # (B, Q, d)
-    reference = ops.take_along_axis(boxes, chosen[..., None], axis=1)  # (B, Q, 4)
-    return proposals, target, reference
-
-
-def near_points(feature_valid, points, radius: float):
-    """``(B, Q, S)`` bool: valid feature cells within ``radius`` of each point (per axis).
-
-    ``points`` is ``(B, Q, 2)`` normalized ``(cx, cy)``.
-
-    A cell's coordinate is its centre normalized by the valid extent of its image, the
-    same frame as the normalized boxes.
-    """
-    batch = ops.shape(feature_valid)[0]
-    cx, cy, _, _ = cell_centres(feature_valid)
-    cx = ops.reshape(cx, (batch, 1, -1))  # (B, 1, S)
-    cy = ops.reshape(cy, (batch, 1, -1))
-    points = ops.stop_gradient(points)[..., None]  # (B, Q, 2, 1)
-    near = ops.logical_and(
-        ops.abs(cx - points[:, :, 0]) <= radius,
-        ops.abs(cy - points[:, :, 1]) <= radius,
-    )  # (B, Q, S)
-    return ops.logical_and(near, ops.reshape(feature_valid, (batch, 1, -1)))
-
-
-def resize_mask(valid: Any, height: Any, width: Any) -> Any:
-    """Nearest-neighbour resize of a boolean mask, as PyTorch's ``F.interpolate`` in DETR.
-
-    Output pixel ``(i, j)`` takes input pixel ``(floor(i * H / height), floor(j * W /
-    width))``.
-
-    Args:
-        valid: ``(B, H, W)`` bool.
-        height, width: output size (ints or scalar tensors).
-
-    Returns:
-        ``(B, height, width)`` bool.
-    """
-    shape = ops.shape(valid)
-    rows = ops.floor_divide(ops.arange(height, dtype="int32") * shape[1], height)  # (height,)
-    cols = ops.floor_divide(ops.arange(width, dtype="int32") * shape[2], width)  # (width,)
-    return ops.take(ops.take(valid, rows, axis=1), cols, axis=2)
-
-
-def refine_boxes(decoder, box_logits, position, target, memory, memory_pos, reference,
-                 return_cross_attention: bool = False, training=None):
-    """The decoder stack's layers one by one, each refining the reference boxes.
-
-    Layer ``i`` is positioned by the boxes of layer ``i - 1`` (the proposals for the first):
-    its query position embedding and attention window come from them, and its box is
-    predicted as an offset from them in logit space (Deformable DETR's iterative bounding-box
-    refinement, with DAB-DETR's box position embedding). No gradient flows through the
-    reference boxes from one layer to the next.
-
-    Args:
-        decoder: a `TransformerDecoder` with a final norm (applied to every layer's output,
-            as the stack's intermediate outputs).
-        box_logits: ``(B, Q, d)`` -> ``(B, Q, 4)`` float32 box logits (the box head).
-        position: ``(B, Q, 4)`` boxes -> ``(query_pos (B, Q, d), memory_mask)``.
-        target: ``(B, Q, d)`` the first layer's input.
-        memory, memory_pos: ``(B, S, d)`` encoder output and its position embedding.
-        reference: ``(B, Q, 4)`` logits of the first layer's reference boxes.
-
-    Returns:
-        ``(hs, boxes, weights)``: ``(L, B, Q, d)`` normalized layer outputs, ``(L, B, Q, 4)``
-        boxes, ``(L, B, heads, Q, S)`` cross-attention or None.
-    """
-    x, hs, boxes, weights = target, [], [], []
-    for layer in decoder.layers:
-        query_pos, mask = position(ops.sigmoid(reference))
-        out = layer(
-            x, memory, memory_mask=mask, query_pos=query_pos, memory_pos=memory_pos,
-            return_cross_attention=return_cross_attention, training=training,
+    def build(self, memory_shape=None, feature_valid_shape=None):
+        # nn.Embedding's default N(0, 1), as DETR's query_embed.
+        self.query_embed = self.add_weight(
+            shape=(self.num_queries, self.hidden_dim),
+            initializer=keras.initializers.RandomNormal(stddev=1.0), name="query_embed",
         )
-        x, attention = out if return_cross_attention else (out, None)
-        h = decoder.norm(x)  # (B, Q, d)
-        box = box_logits(h) + reference  # (B, Q, 4) logits
-        hs.append(h)
-        boxes.append(ops.sigmoid(box))
-        weights.append(attention)
-        reference = ops.stop_gradient(box)
-    weights = ops.stack(weights, axis=0) if return_cross_attention else None
-    return ops.stack(hs, axis=0), ops.stack(boxes, axis=0), weights
+
+    def call(self, memory, feature_valid, training=None):
+        batch = ops.shape(memory)[0]
+        position = ops.cast(self.query_embed, self.compute_dtype)  # (Q, d)
+        position = ops.repeat(position[None], batch, axis=0)  # (B, Q, d)
+        return QueryOutput(ops.zeros_like(position), position, None, {})
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class ReferenceQueries(QueryStrategy):
+    """A learned reference point per query, initialized on a grid over the image.
+
+    Content zeros; position = ``reference_mlp`` of the point's sine features.
+    """
+
+    reference_size = 2
+
+    def __init__(self, num_queries: int, hidden_dim: int, num_classes: int, **kwargs):
+        super().__init__(num_queries, hidden_dim, num_classes, **kwargs)
+        self.reference_mlp = MLP(hidden_dim, hidden_dim, hidden_dim, 2,
+                                 dtype=self.dtype_policy, name="reference_mlp")
+
+    def build(self, memory_shape=None, feature_valid_shape=None):
+        self.reference_mlp.build((None, self.hidden_dim))
+        # Points on a regular grid over the image, stored as logits (inverse sigmoid).
+        self.reference_logits = self.add_weight(
+            shape=(self.num_queries, 2), name="reference_logits",
+            initializer=keras.initializers.Constant(grid_reference_logits(self.num_queries)),
+        )
+
+    def embed(self, reference):
+        return _sine_embedding(reference, self.hidden_dim, self.reference_mlp, self.compute_dtype)
+
+    def call(self, memory, feature_valid, training=None):
+        batch = ops.shape(memory)[0]
+        reference = ops.cast(self.reference_logits, "float32")  # (Q, 2)
+        reference = ops.repeat(reference[None], batch, axis=0)  # (B, Q, 2)
+        position = self.embed(ops.sigmoid(reference))  # (B, Q, d)
+        return QueryOutput(ops.zeros_like(position), position, reference, {})
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class TwoStageQueries(QueryStrategy):
+    """Two-stage queries: every cell's proposal, then the ``Q`` most confident cells.
+
+    Each encoder cell predicts a class (``proposal_class_head``) and a box
+    (``proposal_box_head``, an offset from an anchor of 2 x 2 cells at the cell, in logit
+    space). Padded cells are certain no-object and chosen only when an image has fewer than
+    ``Q`` valid cells; when the feature map has fewer than ``Q`` cells at all, the remaining
+    queries start from zeros at the centre box.
+
+    ``extra["enc_outputs"]``: ``pred_logits`` ``(B, S, C + 1)``, ``pred_boxes`` ``(B, S, 4)``
+    and ``valid`` ``(B, S)`` (False for padded cells, which the loss ignores).
+    """
+
+    reference_size = 4
+
+    def __init__(self, num_queries: int, hidden_dim: int, num_classes: int, **kwargs):
+        super().__init__(num_queries, hidden_dim, num_classes, **kwargs)
+        d = hidden_dim
+        # Created in this order so that the seeds are drawn as before this layer existed.
+        self.reference_mlp = MLP(2 * d, d, d, 2, dtype=self.dtype_policy, name="reference_mlp")
+        self.proposal_class_head = keras.layers.Dense(
+            num_classes + 1, dtype=self.dtype_policy, name="proposal_class_head",
+            **torch_linear_init(d),
+        )
+        self.proposal_box_head = MLP(d, d, 4, 3, dtype=self.dtype_policy,
+                                     name="proposal_box_head")
+
+    def build(self, memory_shape=None, feature_valid_shape=None):
+        d = self.hidden_dim
+        self.reference_mlp.build((None, 2 * d))
+        self.proposal_class_head.build((None, None, d))
+        self.proposal_box_head.build((None, None, d))
+
+    def embed(self, reference):
+        return _sine_embedding(reference, self.hidden_dim, self.reference_mlp, self.compute_dtype)
+
+    def call(self, memory, feature_valid, training=None):
+        batch, q = ops.shape(memory)[0], self.num_queries
+        valid = ops.reshape(feature_valid, (batch, -1))  # (B, S)
+        logits = ops.cast(self.proposal_class_head(memory), "float32")  # (B, S, C + 1)
+        no_object = ops.one_hot(self.num_classes, self.num_classes + 1) * 2e4 - 1e4
+        logits = ops.where(valid[..., None], logits, no_object)
+        boxes = ops.cast(self.proposal_box_head(memory), "float32")
+        boxes = boxes + cell_anchors(feature_valid)  # (B, S, 4) logits
+        proposals = {"pred_logits": logits, "pred_boxes": ops.sigmoid(boxes), "valid": valid}
+
+        # Object score of each cell; Q dummy candidates (never better than a valid cell)
+        # keep top_k defined when the feature map has fewer than Q cells.
+        score = ops.max(ops.softmax(ops.stop_gradient(logits), axis=-1)[..., :-1], axis=-1)
+        score = ops.where(valid, score, -1.0)  # (B, S)
+        score = ops.pad(score, [[0, 0], [0, q]], constant_values=-2.0)  # (B, S + Q)
+        memory = ops.pad(memory, [[0, 0], [0, q], [0, 0]])
+        boxes = ops.pad(ops.stop_gradient(boxes), [[0, 0], [0, q], [0, 0]])  # centre boxes
+        _, chosen = ops.top_k(score, q)  # (B, Q)
+        content = ops.take_along_axis(memory, chosen[..., None], axis=1)  # (B, Q, d)
+        reference = ops.take_along_axis(boxes, chosen[..., None], axis=1)  # (B, Q, 4)
+        position = self.embed(ops.sigmoid(reference))  # (B, Q, d)
+        return QueryOutput(content, position, reference, {"enc_outputs": proposals})
+
+
+#: ``DetrConfig.query_type`` -> its layer class.
+QUERY_LAYERS: dict[str, type[QueryStrategy]] = {
+    "learned": LearnedQueries,
+    "reference": ReferenceQueries,
+    "encoder": TwoStageQueries,
+}
+
+
+def query_layer_class(query_type: str) -> type[QueryStrategy]:
+    """The layer class of ``query_type``; ValueError naming the accepted ones otherwise."""
+    if not isinstance(query_type, str) or query_type not in QUERY_LAYERS:
+        raise ValueError(
+            f"`query_type` must be one of {tuple(QUERY_LAYERS)}. "
+            f"Received: query_type={query_type!r}"
+        )
+    return QUERY_LAYERS[query_type]

@@ -1,50 +1,32 @@
-"""Training a detector end to end: data, DETR + set loss + AdamW, fit, export, COCO AP."""
+"""Training a detector end to end: data, DETR + set loss + AdamW, fit, export, COCO AP.
+
+`train_detr` builds what is particular to detection (the source's batches with their object
+limit, the model, the set criterion, DETR's learning-rate drop) and leaves the rest to
+`tfx_transformer.trainer.Trainer`.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
-import re
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable
 
 import keras
 import tensorflow as tf
 
-from tfx_transformer import training
-from vision.config import preset
-from vision.data import load_source, make_batches
+from tfx_transformer.run import RunOptions
+from tfx_transformer.trainer import Trainer
+from vision.config import DetrConfig
+from vision.data.batching import ObjectLimit, make_batches
+from vision.data.sources import load_source
 from vision.evaluate import evaluate_records
 from vision.export import export_detector, make_detect_fn
 from vision.model import build_criterion, build_model
 from vision.optimizer import build_optimizer
 
-__all__ = ["LONG_RUN_EPOCHS", "LearningRateDrop", "object_limit_errors", "train_detr"]
-
-LONG_RUN_EPOCHS = 100_000  # with a time budget or step limit, those decide when to stop
-
-
-@contextlib.contextmanager
-def object_limit_errors(max_objects: int):
-    """Turns the pipeline's too-many-objects `tf.errors.InvalidArgumentError` into ValueError.
-
-    Sources whose object counts are unknown up front (``tfds:``) check each image in the
-    ``tf.data`` pipeline (`vision.batching.make_batches`); this names the image clearly.
-    """
-    try:
-        yield
-    except tf.errors.InvalidArgumentError as error:
-        text = str(error.message)
-        if "more than max_objects" not in text:
-            raise
-        found = re.search(r"Image id\]?\s*\[?(-?\d+)\]?\s*\[?has\]?\s*\[?(\d+)", text)
-        image = f"Image id {found.group(1)} has {found.group(2)} objects" if found else (
-            "An image has too many objects")
-        raise ValueError(
-            f"{image}, more than max_objects={max_objects} (the number of queries). Use more "
-            "queries (`num_queries`) or remove such images from the data."
-        ) from None
+__all__ = ["LearningRateDrop", "train_detr"]
 
 
 class LearningRateDrop(keras.callbacks.Callback):
@@ -129,35 +111,26 @@ def _all_reduce_sum(value):
     return value if context is None else context.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
 
-def train_detr(data_spec: str, workdir: str, preset_name: str = "tiny",
-               epochs: int | None = None, max_steps: int | None = None,
-               time_budget: float | None = None, batch_size: int | None = None,
-               strategy: str = "auto", mixed_precision: str = "none", seed: int = 0,
-               valid_fraction: float = 0.05, eval_limit: int | None = None,
-               config_overrides: Mapping | None = None, callbacks=(),
+def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: RunOptions,
+               callbacks: Iterable[keras.callbacks.Callback] = (),
                log: Callable[..., None] = print) -> dict:
-    """Trains DETR on ``data_spec``, writes the work directory, returns validation COCO AP.
+    """Trains DETR on ``data``, writes the work directory, returns validation COCO AP.
 
     Work directory: ``checkpoints/``, ``backup/`` (while running, so a killed run resumes),
     ``logs/``, ``export/`` (the ``Detector`` SavedModel + ``classes.json``) and
     ``metrics.json`` (``valid``: AP, AP50, AP75, n; ``history``; ``train``; ``data``;
-    ``config``).
+    ``config``; ``train_seconds``).
 
     Args:
-        data_spec: ``embedded``, ``coco:IMAGES_DIR:ANNOTATIONS.json`` or ``tfds:NAME``.
+        data: ``embedded``, ``coco:IMAGES_DIR:ANNOTATIONS.json`` or ``tfds:NAME``.
         workdir: work directory (created; nothing in it is deleted).
-        preset_name: ``tiny``, ``tiny-detr`` or ``r50`` (`vision.config.PRESETS`).
-        epochs: epochs (default: the preset's, or unlimited with ``max_steps``/``time_budget``).
-        max_steps: stop after this many steps in total.
-        time_budget: stop training after this many minutes, then export and evaluate.
-        batch_size: images per replica (default: the preset's); the global batch is this
-            times the number of replicas.
-        strategy: ``auto``, ``mirrored`` or ``multi_worker``.
-        mixed_precision: ``none``, ``bfloat16`` or ``float16``.
-        seed: random seed (weights, shuffling, augmentation, ``embedded`` data).
-        valid_fraction: held-out share of a ``coco:`` source.
-        eval_limit: validate and evaluate on at most this many images (None: all).
-        config_overrides: `vision.config.DetrConfig` fields to change (e.g. ``num_queries``).
+        config: the model, loss, optimizer and data settings (`vision.config.preset`);
+            ``batch_size`` is per replica, the global batch is it times the replicas.
+        run: strategy, precision, epochs (default ``config.epochs``, or unlimited with
+            ``max_steps``/``time_budget``), seed (weights, shuffling, augmentation,
+            ``embedded`` data), held-out share of a ``coco:`` source, ``eval_limit``
+            (validate and evaluate on at most this many images; None: all) and
+            ``jit_compile`` (only with ``config.matcher_solver="ops"``).
         callbacks: extra Keras callbacks for ``fit``.
         log: where progress lines go.
 
@@ -166,80 +139,68 @@ def train_detr(data_spec: str, workdir: str, preset_name: str = "tiny",
         (empty when there is no validation split, and on non-chief workers).
 
     Raises:
-        ValueError: bad arguments or data, including an image with more objects than the
-            number of queries.
+        ValueError: bad data or options.
+        vision.data.batching.TooManyObjectsError: an image with more objects than
+            ``config.num_queries`` (DETR needs a query per object); a `ValueError`.
     """
-    started = time.monotonic()
-    strategy_obj = training.get_strategy(strategy)  # before any other TensorFlow work
-    training.set_mixed_precision(mixed_precision)
-    keras.utils.set_random_seed(seed)
-    overrides = dict(config_overrides or {})
-    if batch_size is not None:
-        overrides["batch_size"] = batch_size
-    config = preset(preset_name, **overrides)
-    if isinstance(config.batch_size, bool) or not isinstance(config.batch_size, int) or (
-            config.batch_size < 1):
-        raise ValueError(f"`batch_size` must be a positive integer. Received: {config.batch_size}")
-    if eval_limit is not None and (not isinstance(eval_limit, int) or eval_limit < 1):
-        raise ValueError(f"`eval_limit` must be None or a positive integer. Received: {eval_limit}")
-    wd = training.Workdir(workdir)
-
-    source = load_source(data_spec, valid_fraction=valid_fraction, seed=seed)
-    max_objects = config.num_queries  # DETR needs a query per object
-    replicas = strategy_obj.num_replicas_in_sync
-    global_batch = config.batch_size * replicas
+    if run.jit_compile and config.matcher_solver == "scipy":
+        raise ValueError("`jit_compile=True` needs `matcher_solver='ops'`: the scipy matcher "
+                         "is a host callback. Received: matcher_solver='scipy'")
+    trainer = Trainer(workdir, run, log)
+    source = load_source(data, valid_fraction=run.valid_fraction, seed=run.seed)
+    limit = ObjectLimit(config.num_queries)  # DETR needs a query per object
+    global_batch = config.batch_size * trainer.replicas
     sizes = dict(image_size=config.image_size, max_size=config.max_image_size)
-    train_ds = source.batches("train", batch_size=global_batch, max_objects=max_objects,
-                              seed=seed, augmentation=config.augmentation, **sizes)
+    train_ds = source.batches("train", batch_size=global_batch, object_limit=limit,
+                              seed=run.seed, augmentation=config.augmentation, **sizes)
     num_train, num_valid = source.num_examples("train"), source.num_examples("valid")
-    if num_valid is not None and eval_limit is not None:
-        num_valid = min(num_valid, eval_limit)
-    source.check_max_objects("valid", max_objects)
+    if num_valid is not None and run.eval_limit is not None:
+        num_valid = min(num_valid, run.eval_limit)
+    source.check_max_objects("valid", config.num_queries)
     valid_records = source.records("valid")
-    if eval_limit is not None:
-        valid_records = valid_records.take(eval_limit)
+    if run.eval_limit is not None:
+        valid_records = valid_records.take(run.eval_limit)
     valid_ds = None if num_valid == 0 else make_batches(
-        valid_records, batch_size=global_batch, max_objects=max_objects, **sizes)
-    log(f"data: {data_spec}, {source.num_classes} classes, {num_train} training images, "
+        valid_records, batch_size=global_batch, object_limit=limit, **sizes)
+    log(f"data: {data}, {source.num_classes} classes, {num_train} training images, "
         f"{num_valid} validation images")
 
-    if replicas > 1:
+    if trainer.replicas > 1:
         train_ds, valid_ds = _float_masks(train_ds), _float_masks(valid_ds)
-    with strategy_obj.scope():
+    with trainer.strategy.scope():
         model = build_model(config, source.num_classes)
-        model.configure_replicas(replicas, _all_reduce_sum if replicas > 1 else None)
+        model.configure_replicas(trainer.replicas,
+                                 _all_reduce_sum if trainer.replicas > 1 else None)
         model.compile(optimizer=build_optimizer(config, model),
                       criterion=build_criterion(config, source.num_classes),
-                      jit_compile=False)  # the scipy matcher is a host callback (DESIGN 4)
-    log(f"model: {preset_name}, {model.count_params():,} parameters, {replicas} replica(s), "
-        f"batch {global_batch}")
-    if epochs is None:
-        epochs = LONG_RUN_EPOCHS if (max_steps or time_budget) else config.epochs
-    steps_per_epoch = math.ceil(num_train / global_batch) if num_train else None
-    epochs = training.plan_epochs(epochs, max_steps, steps_per_epoch)
+                      jit_compile=run.jit_compile)
+    log(f"model: {config.name}, {model.count_params():,} parameters, "
+        f"{trainer.replicas} replica(s), batch {global_batch}")
     schedule = LearningRateDrop(config.learning_rate, config.lr_drop_epochs,
-                                config.lr_drop_fraction, max_steps, time_budget)
-    # The schedule first: it puts `learning_rate` into the logs the other callbacks record.
-    callbacks = [schedule, *training.standard_callbacks(wd, time_budget, max_steps), *callbacks]
-    with object_limit_errors(max_objects):
-        model.fit(train_ds, validation_data=valid_ds, epochs=epochs, callbacks=callbacks)
-    train_seconds = time.monotonic() - started
+                                config.lr_drop_fraction, run.max_steps, run.time_budget)
 
-    if not training.is_chief():  # only the chief exports, evaluates and writes
-        return {}
-    export_detector(model, wd.export, source.class_names, config.image_size,
-                    config.max_image_size, category_ids=source.category_ids)
-    log(f"export: {wd.export}")
-    scores: dict = {}
-    if num_valid != 0:
-        detect = make_detect_fn(model, config.image_size, config.max_image_size)
-        scores = evaluate_records(detect, source.records("valid"), batch_size=global_batch,
-                                  limit=eval_limit, num_classes=source.num_classes)
-    training.write_metrics(wd, {
-        "valid": scores,
-        "data": {"spec": data_spec, "class_names": list(source.class_names),
-                 "train_images": num_train, "valid_images": scores.get("n", num_valid)},
-        "config": {"preset": preset_name, **dataclasses.asdict(config)},
-        "train_seconds": round(train_seconds, 1),
-    })
-    return scores
+    def export(path) -> None:
+        export_detector(model, path, source.class_names, config.image_size,
+                        config.max_image_size, category_ids=source.category_ids)
+
+    def evaluate() -> dict:
+        scores: dict = {}
+        if num_valid != 0:
+            detect = make_detect_fn(model, config.image_size, config.max_image_size)
+            scores = evaluate_records(detect, source.records("valid"), batch_size=global_batch,
+                                      limit=run.eval_limit, num_classes=source.num_classes)
+        return {
+            "valid": scores,
+            "data": {"spec": data, "class_names": list(source.class_names),
+                     "train_images": num_train, "valid_images": scores.get("n", num_valid)},
+            "config": {"preset": config.name, **dataclasses.asdict(config)},
+        }
+
+    return trainer.train(
+        model, train_ds, valid_ds, default_epochs=config.epochs,
+        steps_per_epoch=math.ceil(num_train / global_batch) if num_train else None,
+        export=export, evaluate=evaluate,
+        # The schedule first: it puts `learning_rate` into the logs the other callbacks record.
+        first_callbacks=[schedule, limit.callback()], callbacks=callbacks,
+        checks=[limit.check],
+    )

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from nlp import decoding
+from nlp.decoding import DecodingSettings
 from nlp.model import Seq2SeqTransformer
+from nlp.tokenizer import BOS_ID, EOS_ID
 
-EOS = 3
+EOS = EOS_ID
 
 
 def _model(vocab_size, seed=0, sharpen=4.0):
@@ -42,7 +44,8 @@ def test_cached_and_uncached_greedy_give_identical_tokens():
 def test_beam_of_one_without_length_penalty_is_greedy(seed):
     model = _model(30, seed)
     greedy = decoding.greedy_search(model, SOURCE, extra_length=8)
-    beam = decoding.beam_search(model, SOURCE, beam_size=1, alpha=0.0, extra_length=8)
+    beam = decoding.beam_search(model, SOURCE, beam_size=1, length_penalty=0.0,
+                                extra_length=8)
     np.testing.assert_array_equal(np.asarray(beam), np.asarray(greedy))
 
 
@@ -51,14 +54,14 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def _brute_force(model, source, max_length, alpha, tokens):
+def _brute_force(model, source, max_length, length_penalty, tokens):
     """Best eos-terminated sequence over every sequence of `tokens`, scored independently."""
     memory, mask = model.encode(source[None])
     best, best_score = None, -np.inf
     for n in range(1, max_length + 1):
         for body in itertools.product(tokens, repeat=n - 1):
             seq = list(body) + [EOS]
-            target_in = np.array([[2] + seq[:-1]], "int32")
+            target_in = np.array([[BOS_ID] + seq[:-1]], "int32")
             logits = np.asarray(model.decode(target_in, memory, mask))[0]  # (n, V)
             logp = 0.0
             for t, token in enumerate(seq):
@@ -66,28 +69,66 @@ def _brute_force(model, source, max_length, alpha, tokens):
                 masked = np.full(logits.shape[-1], -np.inf)
                 masked[allowed] = logits[t, allowed]
                 logp += _log_softmax(masked)[token]
-            score = logp / ((5 + n) / 6) ** alpha
+            score = logp / ((5 + n) / 6) ** length_penalty
             if score > best_score:
                 best, best_score = seq, score
     return best, best_score
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_beam_as_wide_as_vocabulary_finds_brute_force_optimum(alpha):
+@pytest.mark.parametrize("length_penalty", [0.0, 0.6, 2.0])
+def test_beam_as_wide_as_vocabulary_finds_brute_force_optimum(length_penalty):
     # Vocabulary: pad, unk, bos, eos and two words; pad/bos/unk are never generated.
     vocab, max_length = 6, 3
     model = _model(vocab, seed=3, sharpen=2.0)
     sources = np.array([[4, 5, 3], [5, 3, 0], [4, 4, 3]], "int32")
-    ids, scores = decoding.beam_search(model, sources, beam_size=vocab, alpha=alpha,
-                                       max_length=max_length, return_scores=True)
+    ids, scores = decoding.beam_search(model, sources, beam_size=vocab,
+                                       length_penalty=length_penalty, max_length=max_length,
+                                       return_scores=True)
     ids, scores = np.asarray(ids), np.asarray(scores)
     for row, score, source in zip(ids, scores, sources):
-        want, want_score = _brute_force(model, source, max_length, alpha, tokens=[4, 5])
+        want, want_score = _brute_force(model, source, max_length, length_penalty,
+                                            tokens=[4, 5])
         got = list(row[: list(row).index(EOS) + 1])
         assert got == want
         np.testing.assert_allclose(score, want_score, rtol=1e-4)
 
 
 def test_beam_search_rejects_bad_width():
-    with pytest.raises(ValueError, match="beam_size"):
+    with pytest.raises(ValueError, match="beam_size=0"):
         decoding.beam_search(_model(10), SOURCE, beam_size=0)
+
+
+def test_search_runs_what_the_settings_say():
+    model = _model(30, seed=2)
+    greedy = decoding.greedy_search(model, SOURCE, extra_length=5)
+    beam = decoding.beam_search(model, SOURCE, beam_size=3, length_penalty=1.0, extra_length=5)
+    settings = DecodingSettings(beam_size=3, length_penalty=1.0, extra_length=5)
+    np.testing.assert_array_equal(decoding.search(model, SOURCE, settings), beam)
+    np.testing.assert_array_equal(decoding.search(model, SOURCE, settings.greedy()), greedy)
+    assert np.asarray(greedy).shape == (3, SOURCE.shape[1] + 5)
+    with pytest.raises(TypeError, match="DecodingSettings"):
+        decoding.search(model, SOURCE, 3)
+
+
+def test_decoding_settings_defaults_and_greedy():
+    settings = DecodingSettings()
+    assert (settings.beam_size, settings.length_penalty, settings.extra_length) == (4, 0.6, 50)
+    assert settings.greedy() == DecodingSettings(beam_size=1)
+    assert DecodingSettings(length_penalty=0, extra_length=0).extra_length == 0
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("beam_size", 0, "`DecodingSettings.beam_size` must be an integer >= 1. Received: beam_size=0"),
+    ("beam_size", 2.0, "beam_size=2.0"),
+    ("beam_size", True, "beam_size=True"),
+    ("length_penalty", -0.1, "`DecodingSettings.length_penalty` must be a number >= 0.0. "
+                             "Received: length_penalty=-0.1"),
+    ("length_penalty", float("nan"), "length_penalty=nan"),
+    ("length_penalty", "0.6", "length_penalty='0.6'"),
+    ("extra_length", -1, "`DecodingSettings.extra_length` must be an integer >= 0. "
+                         "Received: extra_length=-1"),
+])
+def test_decoding_settings_reject_bad_values(field, value, message):
+    with pytest.raises(ValueError) as info:
+        DecodingSettings(**{field: value})
+    assert message in str(info.value)

@@ -1,4 +1,4 @@
-"""Tests of the offline English→German corpus (`nlp.embedded`)."""
+"""Tests of the offline English→German corpus (`nlp.data.embedded`)."""
 
 import re
 
@@ -6,7 +6,7 @@ import pytest
 from babel import dates as babel_dates
 from num2words import num2words
 
-from nlp import embedded
+from nlp.data import embedded
 
 
 @pytest.fixture(scope="module")

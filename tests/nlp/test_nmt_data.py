@@ -1,4 +1,4 @@
-"""Tests of translation data sources and batching (`nlp.data`)."""
+"""Tests of translation data sources and batching (`nlp.data.sources`, `nlp.data.batching`)."""
 
 import collections
 
@@ -7,13 +7,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from nlp import data
+from nlp.data import batching, sources
 from nlp.tokenizer import Tokenizer, train_tokenizer
 
 
 @pytest.fixture(scope="module")
 def pairs():
-    return data.load_pairs("embedded", "train", limit=300)
+    return sources.load_pairs("embedded", "train", limit=300)
 
 
 @pytest.fixture(scope="module")
@@ -29,18 +29,19 @@ def _write(path, content: bytes) -> str:
 
 def test_unknown_scheme_names_it_and_the_accepted_ones():
     with pytest.raises(ValueError, match=r"'csv'.*embedded.*tsv:PATH.*tfds:NAME"):
-        data.parse_data_spec("csv:/tmp/x.csv")
+        sources.parse_data_spec("csv:/tmp/x.csv")
     with pytest.raises(ValueError, match="needs a path"):
-        data.load_pairs("tsv:")
-    assert data.parse_data_spec("tfds:wmt14_translate/de-en") == ("tfds", "wmt14_translate/de-en")
-    assert data.evaluation_split("tsv:x.tsv") == "all"
-    assert data.evaluation_split("embedded") == "valid"
+        sources.load_pairs("tsv:")
+    spec = sources.parse_data_spec("tfds:wmt14_translate/de-en")
+    assert spec == ("tfds", "wmt14_translate/de-en")
+    assert sources.evaluation_split("tsv:x.tsv") == "all"
+    assert sources.evaluation_split("embedded") == "valid"
     with pytest.raises(ValueError, match="split=.*'test'"):
-        data.load_pairs("embedded", "test")
+        sources.load_pairs("embedded", "test")
     with pytest.raises(ValueError, match="limit=-2"):
-        data.load_pairs("embedded", limit=-2)
+        sources.load_pairs("embedded", limit=-2)
     with pytest.raises(ValueError, match="no dataset 'no_such_dataset_xyz'"):
-        data.load_dataset("tfds:no_such_dataset_xyz")
+        sources.load_dataset("tfds:no_such_dataset_xyz")
 
 
 @pytest.mark.parametrize(
@@ -50,45 +51,45 @@ def test_unknown_scheme_names_it_and_the_accepted_ones():
 def test_malformed_tsv_line_names_file_and_line(tmp_path, line, reason):
     path = _write(tmp_path / "pairs.tsv", b"a\tb\n\nc\td\n" + line + b"\ne\tf\n")
     with pytest.raises(ValueError, match=reason) as info:
-        data.load_pairs(f"tsv:{path}")
+        sources.load_pairs(f"tsv:{path}")
     assert f"{path}:4:" in str(info.value)
 
 
 def test_missing_tsv_file(tmp_path):
     with pytest.raises(ValueError, match="nothere.tsv"):
-        data.load_pairs(f"tsv:{tmp_path / 'nothere.tsv'}")
+        sources.load_pairs(f"tsv:{tmp_path / 'nothere.tsv'}")
 
 
 def test_tsv_split_is_deterministic_and_disjoint(tmp_path):
     lines = [f"sentence {i}\tSatz {i}" for i in range(200)] + ["sentence 7\tSatz sieben"]
     path = _write(tmp_path / "p.tsv", ("\ufeff" + "\r\n".join(lines) + "\n").encode("utf-8"))
     spec = f"tsv:{path}"
-    train = data.load_pairs(spec, "train", valid_fraction=0.1)
-    valid = data.load_pairs(spec, "valid", valid_fraction=0.1)
+    train = sources.load_pairs(spec, "train", valid_fraction=0.1)
+    valid = sources.load_pairs(spec, "valid", valid_fraction=0.1)
     assert len(valid) in (20, 21) and len(train) + len(valid) == 201
     assert not {s for s, _ in train} & {s for s, _ in valid}
     assert train[0] in (("sentence 0", "Satz 0"), ("sentence 1", "Satz 1"))
     # Same split from a shuffled copy of the file: it depends on the sentences only.
     shuffled = _write(tmp_path / "q.tsv", "\n".join(reversed(lines)).encode("utf-8"))
-    assert set(data.load_pairs(f"tsv:{shuffled}", "valid", valid_fraction=0.1)) == set(valid)
-    assert len(data.load_pairs(spec, "all")) == 201
-    ds = data.load_dataset(spec, "valid", valid_fraction=0.1)
+    assert set(sources.load_pairs(f"tsv:{shuffled}", "valid", valid_fraction=0.1)) == set(valid)
+    assert len(sources.load_pairs(spec, "all")) == 201
+    ds = sources.load_dataset(spec, "valid", valid_fraction=0.1)
     assert [(s.decode(), t.decode()) for s, t in ds.as_numpy_iterator()] == valid
     with pytest.raises(ValueError, match="valid_fraction=1.5"):
-        data.split_pairs(train, valid_fraction=1.5)
+        sources.split_pairs(train, valid_fraction=1.5)
 
 
 def test_embedded_source_splits(pairs):
-    valid = data.load_pairs("embedded", "valid", limit=20)
+    valid = sources.load_pairs("embedded", "valid", limit=20)
     assert len(pairs) == 300 and len(valid) == 20
     assert not {s for s, _ in pairs} & {s for s, _ in valid}
-    assert data.load_pairs("embedded", "all", limit=5) == pairs[:5]
+    assert sources.load_pairs("embedded", "all", limit=5) == pairs[:5]
 
 
 def test_tfds_source_under_mock_data():
     with tfds.testing.mock_data(num_examples=6):
-        train = data.load_pairs("tfds:ted_hrlr_translate/pt_to_en", "train")
-        valid = data.load_dataset("tfds:ted_hrlr_translate/pt_to_en", "valid", limit=4)
+        train = sources.load_pairs("tfds:ted_hrlr_translate/pt_to_en", "train")
+        valid = sources.load_dataset("tfds:ted_hrlr_translate/pt_to_en", "valid", limit=4)
         valid = list(valid.as_numpy_iterator())
         supervised = tfds.load("ted_hrlr_translate/pt_to_en", split="train", as_supervised=True)
         expected = [(pt.decode(), en.decode()) for pt, en in supervised.as_numpy_iterator()]
@@ -103,13 +104,13 @@ def _collect(batches):
 
 
 def test_batches_respect_token_budget_and_shift_targets(pairs, tokenizer):
-    batches, stats = data.make_batches(
-        data.load_dataset("embedded", limit=300), tokenizer, batch_tokens=120, max_length=64
+    batches, stats = batching.make_batches(
+        sources.load_dataset("embedded", limit=300), tokenizer, batch_tokens=120, max_length=64
     )
     assert batches.element_spec[0]["source"].dtype == tf.int32
     collected = _collect(batches)
     assert stats.result() == {"kept": 300, "dropped": 0}
-    sources = []
+    decoded = []
     for source, target_in, target_out in collected:
         width = max(source.shape[1], target_in.shape[1])
         assert source.shape[0] * width <= 120 or source.shape[0] == 1
@@ -122,8 +123,8 @@ def test_batches_respect_token_budget_and_shift_targets(pairs, tokenizer):
             assert out_row[n - 1] == tokenizer.eos_id and np.all(out_row[n:] == 0)
             np.testing.assert_array_equal(in_row[1:n], out_row[: n - 1])
             assert np.all(in_row[n:] == 0)
-            sources.append(tokenizer.decode(s_row[: m - 1].tolist()))
-    assert collections.Counter(sources) == collections.Counter(s for s, _ in pairs)
+            decoded.append(tokenizer.decode(s_row[: m - 1].tolist()))
+    assert collections.Counter(decoded) == collections.Counter(s for s, _ in pairs)
 
 
 def test_over_long_examples_are_dropped_and_counted(pairs, tokenizer):
@@ -133,8 +134,9 @@ def test_over_long_examples_are_dropped_and_counted(pairs, tokenizer):
         for s, t in pairs
     )
     assert 0 < expected_dropped < len(pairs)
-    batches, stats = data.make_batches(
-        data.load_dataset("embedded", limit=300), tokenizer, batch_tokens=64, max_length=max_length
+    batches, stats = batching.make_batches(
+        sources.load_dataset("embedded", limit=300), tokenizer, batch_tokens=64,
+        max_length=max_length,
     )
     collected = _collect(batches)
     assert stats.result() == {"kept": 300 - expected_dropped, "dropped": expected_dropped}
@@ -148,25 +150,25 @@ def test_over_long_examples_are_dropped_and_counted(pairs, tokenizer):
 
 def test_batches_are_deterministic_by_seed(tokenizer):
     def batches(seed, **kwargs):
-        batches, _ = data.make_batches(
-            data.load_dataset("embedded", limit=120), tokenizer, 200, 64, seed=seed, **kwargs
+        batches, _ = batching.make_batches(
+            sources.load_dataset("embedded", limit=120), tokenizer, 200, 64, seed=seed, **kwargs
         )
         return _collect(batches)
 
-    def sources(seed):
+    def source_ids(seed):
         return [s.tolist() for s, _, _ in batches(seed)]
 
-    assert sources(1) == sources(1)
-    assert sources(1) != sources(2)
+    assert source_ids(1) == source_ids(1)
+    assert source_ids(1) != source_ids(2)
     # Padded to the bucket width: source and targets share it, one width per bucket.
-    bucket_widths = {bound - 1 for bound in data._bucket_boundaries(64)}
+    bucket_widths = {bound - 1 for bound in batching.bucket_boundaries(64)}
     shapes = [(s.shape[1], t.shape[1]) for s, t, _ in batches(1, pad_to_bucket_boundary=True)]
     assert all(s == t and s in bucket_widths for s, t in shapes)
 
 
 def test_make_batches_bad_arguments(tokenizer):
-    ds = data.load_dataset("embedded", limit=2)
+    ds = sources.load_dataset("embedded", limit=2)
     with pytest.raises(ValueError, match="batch_tokens=0"):
-        data.make_batches(ds, tokenizer, batch_tokens=0)
+        batching.make_batches(ds, tokenizer, batch_tokens=0)
     with pytest.raises(ValueError, match="max_length=1"):
-        data.make_batches(ds, tokenizer, max_length=1)
+        batching.make_batches(ds, tokenizer, max_length=1)

@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nlp.embedded import generate_pairs
-from nlp.export import export_translator, make_translate_fn
+from nlp.config import preset
+from nlp.data.embedded import generate_pairs
+from nlp.decoding import DecodingSettings, search
+from nlp.export import SOURCE_LENGTH_MULTIPLE, export_translator, make_translate_fn
 from nlp.model import Seq2SeqTransformer
 from nlp.tokenizer import Tokenizer, train_tokenizer
 from nlp.train import train_nmt
+from tfx_transformer.run import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -37,7 +40,8 @@ def tiny_translator(tmp_path_factory):
     model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
                                num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
                                dropout=0.0, max_positions=128)
-    export_translator(model, tokenizer, tmp / "export", beam_size=3, extra_length=6)
+    export_translator(model, tokenizer, tmp / "export", DecodingSettings(beam_size=3,
+                                                                         extra_length=6))
     return model, tokenizer, tmp / "export"
 
 
@@ -48,7 +52,8 @@ TEXTS = ["I have three apples.", "", "We moved to Berlin on March 3, 2021. " * 4
 def test_export_runs_without_this_project_and_matches_in_process(tiny_translator, tmp_path):
     model, tokenizer, export = tiny_translator
     for beam, signature in ((3, "serving_default"), (1, "greedy")):
-        translate = tf.function(make_translate_fn(model, tokenizer, beam, extra_length=6))
+        decoding = DecodingSettings(beam_size=beam, extra_length=6)
+        translate = tf.function(make_translate_fn(model, tokenizer, decoding))
         want = [t.decode() for t in translate(tf.constant(TEXTS)).numpy()]
         script = textwrap.dedent(f"""
             import json, sys
@@ -83,9 +88,9 @@ def test_resume_continues_from_the_next_epoch(tmp_path):
         def on_epoch_begin(self, epoch, logs=None):
             self.epochs.append(epoch)
 
-    common = dict(data_spec=f"tsv:{tsv}", workdir=str(tmp_path / "run"), epochs=3,
-                  vocab_size=120, batch_tokens=512, eval_limit=4, beam_size=1,
-                  log=lambda *a: None)
+    common = dict(data=f"tsv:{tsv}", workdir=str(tmp_path / "run"),
+                  config=preset("tiny", vocab_size=120, batch_tokens=512, beam_size=1),
+                  run=RunOptions(epochs=3, eval_limit=4), log=lambda *a: None)
     with pytest.raises(RuntimeError, match="killed"):
         train_nmt(**common, callbacks=[Crash()])
     first = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
@@ -96,6 +101,10 @@ def test_resume_continues_from_the_next_epoch(tmp_path):
     history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
     assert [e["epoch"] for e in history] == [1, 2, 3]
     assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["valid"]["n"] == 4 and len(metrics["samples"]) == 4
+    assert metrics["config"]["decoding"]["beam_size"] == 1
+    assert metrics["config"]["vocab_size"] == 120
 
 
 @pytest.mark.slow
@@ -151,11 +160,34 @@ def test_scripts_report_bad_input_in_one_line(tmp_path):
 
 
 def test_translations_of_empty_and_very_long_sentences(tiny_translator):
+    """Documented in `make_translate_fn`: long sources are cut, the empty one is just eos."""
     model, tokenizer, _ = tiny_translator
-    translate = tf.function(make_translate_fn(model, tokenizer, 2, extra_length=6))
-    out = translate(tf.constant(TEXTS)).numpy()
-    assert out.shape == (3,)
-    np.testing.assert_array_equal([isinstance(t, bytes) for t in out], [True] * 3)
+    decoding = DecodingSettings(beam_size=2, extra_length=6)
+    translate = tf.function(make_translate_fn(model, tokenizer, decoding, jit_compile=False))
+    # One at a time: a batch decodes up to its longest source + extra_length for every row.
+    out = [translate(tf.constant([text])).numpy()[0].decode() for text in TEXTS]
+
+    run_search = tf.function(lambda source: search(model, source, decoding))
+
+    def decode(ids):  # the search on token ids, without the translate function
+        source = tf.constant([[*ids, tokenizer.eos_id]], tf.int32)
+        return tokenizer.detokenize(run_search(source)).numpy()[0].decode()
+
+    # The default cut leaves room for `extra_length` steps and the 16-token XLA padding.
+    keep = model.max_positions - decoding.extra_length - SOURCE_LENGTH_MULTIPLE - 1
+    ids = tokenizer.tokenize(tf.constant(TEXTS)).to_list()
+    assert 0 < len(ids[0]) < keep < len(ids[2])
+    assert out[0] == decode(ids[0])
+    assert out[1] == decode([])  # the empty string: a source of eos alone
+    assert out[2] == decode(ids[2][:keep])  # the long one: its first `keep` tokens
+    # So two long sources that differ only after the cut translate the same.
+    longer = translate(tf.constant([TEXTS[2] + " I have three apples."])).numpy()[0].decode()
+    assert longer == out[2]
+    # An explicit `max_source_length` cuts there (eos included).
+    short = tf.function(make_translate_fn(model, tokenizer, decoding, max_source_length=4,
+                                          jit_compile=False))
+    assert short(tf.constant(TEXTS[2:])).numpy()[0].decode() == decode(ids[2][:3])
+    assert len(set(out)) == 3  # the three really differ, so the equalities above mean something
 
 
 def test_cross_attention_plot(tiny_translator, tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 import tensorflow as tf
 
-from nlp.embedded import generate_pairs
+from nlp.data.embedded import generate_pairs
 from nlp.tokenizer import Tokenizer, train_tokenizer
 
 SENTENCES = [

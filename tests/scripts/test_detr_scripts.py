@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tfx_transformer.training import run_cli
-from vision.shapes import ShapesGenerator
+from tfx_transformer.cli import run_cli
+from vision.config import PRESETS
+from vision.data.shapes import ShapesGenerator
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
@@ -64,7 +65,8 @@ def test_train_writes_the_work_directory(trained):
     valid = metrics["valid"]
     assert valid["n"] == 4 and all(0.0 <= valid[k] <= 1.0 for k in ("AP", "AP50", "AP75"))
     assert metrics["train"]["stopped_by"] == "max_steps=2 reached"
-    assert metrics["config"]["num_queries"] == 20 and metrics["config"]["batch_size"] == 2
+    assert metrics["config"]["num_queries"] == PRESETS["tiny"].num_queries
+    assert metrics["config"]["batch_size"] == 2 and metrics["config"]["preset"] == "tiny"
     assert metrics["data"]["class_names"] == ["circle", "square", "triangle"]
     assert "validation: AP" in done.stdout
 
@@ -85,7 +87,8 @@ def test_detect_writes_pictures_and_reports_unreadable_images(trained, coco_dir,
         "0.json", "0.png", "1.json", "1.png", "gray.json", "gray.png"]
     report = json.loads((out / "gray.json").read_text())
     assert (report["height"], report["width"]) == (30, 50)
-    assert len(report["detections"]) == 20  # threshold 0: every query, best first
+    # Threshold 0: every query, best first.
+    assert len(report["detections"]) == PRESETS["tiny"].num_queries
     first = report["detections"][0]
     assert first["label"] in ("circle", "square", "triangle") and len(first["box"]) == 4
     scores = [d["score"] for d in report["detections"]]

@@ -47,7 +47,7 @@ def test_matches_keras_multi_head_attention(kind, mask_name):
         mask = mask[..., :T]
     theirs, ours = _pair(q, v)
     want, want_w = theirs(q, v, attention_mask=mask, return_attention_scores=True)
-    got, got_w = ours(q, v, attention_mask=mask, return_attention_scores=True)
+    got, got_w, _ = ours(q, v, attention_mask=mask, return_attention_scores=True)
     np.testing.assert_allclose(got, want, atol=1e-5)
     np.testing.assert_allclose(got_w, want_w, atol=1e-5)
 
@@ -59,8 +59,8 @@ def test_matches_keras_with_causal_mask_and_padding():
     theirs, ours = _pair(q, q)
     want, want_w = theirs(q, q, attention_mask=pad, use_causal_mask=True,
                           return_attention_scores=True)
-    got, got_w = ours(q, q, attention_mask=pad, use_causal_mask=True,
-                      return_attention_scores=True)
+    got, got_w, _ = ours(q, q, attention_mask=pad, use_causal_mask=True,
+                         return_attention_scores=True)
     np.testing.assert_allclose(got, want, atol=1e-5)
     np.testing.assert_allclose(got_w, want_w, atol=1e-5)
     # Causal: no weight on later positions.
@@ -72,9 +72,9 @@ def test_implicit_keras_masks_match_explicit_mask():
     emb = keras.layers.Embedding(10, D, mask_zero=True)
     x = emb(ids)
     ours = tt.MultiHeadAttention(num_heads=H, key_dim=K)
-    implicit = ours(x, x)
+    implicit = ours(x, x).output
     valid = ids != 0
-    explicit = ours(x, x, attention_mask=valid[:, :, None] & valid[:, None, :])
+    explicit = ours(x, x, attention_mask=valid[:, :, None] & valid[:, None, :]).output
     np.testing.assert_allclose(implicit, explicit, atol=1e-6)
 
 
@@ -107,29 +107,48 @@ def test_fully_masked_row_gives_zeros_not_nan(dtype):
     policy = {"float32": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
     layer = tt.MultiHeadAttention(num_heads=2, key_dim=4, dtype=policy[dtype])
     x = rng.normal(size=(1, 3, 8)).astype("float32")
-    y = layer(x, x, attention_mask=mask[:, 0, :, :3], return_attention_scores=True)[1]
+    y = layer(x, x, attention_mask=mask[:, 0, :, :3], return_attention_scores=True).attention
     y = keras.ops.convert_to_numpy(keras.ops.cast(y, "float32"))
     assert np.all(np.isfinite(y)) and np.all(y[:, :, 1] == 0)
+    # The rows that may attend equal the float32 layer's, within the precision of the policy.
+    exact = tt.MultiHeadAttention(num_heads=2, key_dim=4)
+    exact(x, x)
+    exact.set_weights(layer.get_weights())
+    want = exact(x, x, attention_mask=mask[:, 0, :, :3], return_attention_scores=True).attention
+    tol = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 2e-2}[dtype]
+    np.testing.assert_allclose(y, want, atol=tol)
 
 
 def test_dropout_only_in_training():
     x = rng.normal(size=(B, T, D)).astype("float32")
     layer = tt.MultiHeadAttention(num_heads=H, key_dim=K, dropout=0.5, seed=1)
-    a, b = layer(x, x, training=False), layer(x, x, training=False)
+    a, b = layer(x, x, training=False).output, layer(x, x, training=False).output
     np.testing.assert_array_equal(a, b)
-    assert not np.allclose(layer(x, x, training=True), a)
+    assert not np.allclose(layer(x, x, training=True).output, a)
+
+
+def test_seeded_dropout_on_weights_equals_keras():
+    """Keras's layer drops attention weights with a SeedGenerator(seed): so do we."""
+    q = rng.normal(size=(B, T, D)).astype("float32")
+    theirs, ours = _pair(q, q, dropout=0.5, seed=7)
+    want, want_w = theirs(q, q, return_attention_scores=True, training=True)
+    got = ours(q, q, return_attention_scores=True, training=True)
+    np.testing.assert_allclose(got.output, want, atol=1e-5)
+    np.testing.assert_allclose(got.attention, want_w, atol=1e-6)  # weights before dropout
+    assert not np.allclose(got.output, ours(q, q).output, atol=1e-3)
 
 
 def test_cache_step_by_step_equals_full_pass():
     x = rng.normal(size=(B, T, D)).astype("float32")
     layer = tt.MultiHeadAttention(num_heads=H, key_dim=K)
-    full = layer(x, x, use_causal_mask=True)
+    full = layer(x, x, use_causal_mask=True).output
     cache = np.zeros((B, 2, T, H, K), "float32")
     steps = []
     for t in range(T):
-        out, cache = layer(x[:, t:t + 1], x[:, t:t + 1], use_causal_mask=True,
-                           cache=cache, cache_index=t)
-        steps.append(out)
+        out = layer(x[:, t:t + 1], x[:, t:t + 1], use_causal_mask=True,
+                    cache=cache, cache_index=t)
+        steps.append(out.output)
+        cache = out.cache
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
     # The cache holds every position's projected keys.
     np.testing.assert_allclose(cache[:, 0], layer.key_dense(x), atol=1e-6)
@@ -139,9 +158,55 @@ def test_precomputed_cross_cache_equals_direct_call():
     q = rng.normal(size=(B, T, D)).astype("float32")
     m = rng.normal(size=(B, S, D)).astype("float32")
     layer = tt.MultiHeadAttention(num_heads=H, key_dim=K)
-    direct = layer(q, m)
-    out, _ = layer(q, m, cache=layer.compute_cache(m))
-    np.testing.assert_allclose(out, direct, atol=1e-6)
+    direct = layer(q, m).output
+    cache = layer.compute_cache(m)
+    out = layer(q, m, cache=cache)
+    np.testing.assert_allclose(out.output, direct, atol=1e-6)
+    np.testing.assert_array_equal(out.cache, cache)  # returned unchanged
+
+
+@pytest.mark.parametrize("index", [T, T + 3, -1])
+def test_python_cache_index_outside_the_cache_raises(index):
+    layer = tt.MultiHeadAttention(num_heads=H, key_dim=K)
+    x = rng.normal(size=(B, 1, D)).astype("float32")
+    cache = np.zeros((B, 2, T, H, K), "float32")
+    layer(x, x, cache=cache, cache_index=T - 1)  # the last slot is fine
+    with pytest.raises(ValueError, match=f"cache_index={index}"):
+        layer(x, x, cache=cache, cache_index=index)
+    with pytest.raises(ValueError, match="cache_index"):  # two new steps from the last slot
+        layer(np.concatenate([x, x], 1), np.concatenate([x, x], 1), cache=cache,
+              cache_index=T - 1)
+
+
+def test_float16_scores_beyond_float16_range_stay_finite():
+    """q·k/√d = 160,000 overflows float16 (max 65504); the scores are formed in float32."""
+    q = np.full((1, 1, 2, 16), 200.0, "float32")  # q·k = 16 · 200² = 640,000; /√16 = 160,000
+    k = np.stack([np.full(16, 200.0), np.full(16, 199.0), np.full(16, -200.0)])[None, None]
+    v = rng.normal(size=(1, 1, 3, 4)).astype("float32")
+    want, want_w = tt.scaled_dot_product_attention(q, k, v, return_weights=True)
+    np.testing.assert_allclose(want_w[..., 0], 1.0)  # the score gap (800) is decisive
+    half = [keras.ops.cast(a, "float16") for a in (q, k, v)]
+    got, got_w = tt.scaled_dot_product_attention(*half, return_weights=True)
+    assert keras.backend.standardize_dtype(got.dtype) == "float16"
+    got = keras.ops.convert_to_numpy(keras.ops.cast(got, "float32"))
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)  # float16 precision of v
+    np.testing.assert_allclose(keras.ops.cast(got_w, "float32"), want_w, atol=1e-3)
+
+    # The layer under mixed_float16, with identity projections: the same attention.
+    layer = tt.MultiHeadAttention(num_heads=1, key_dim=16, dtype="mixed_float16")
+    x = np.concatenate([q[0, 0], k[0, 0, 2:]], 0)[None]  # (1, 3, 16) queries = keys = x
+    layer(x, x)
+    eye = np.eye(16, dtype="float32")
+    layer.set_weights([eye[:, None], np.zeros((1, 16)), eye[:, None], np.zeros((1, 16)),
+                       eye[:, None], np.zeros((1, 16)), eye[None], np.zeros(16)])
+    out = layer(x, x, return_attention_scores=True)
+    weights = keras.ops.convert_to_numpy(keras.ops.cast(out.attention, "float32"))[0, 0]
+    # Rows 0 and 1 (score 160,000 with keys 0 and 1, -160,000 with key 2) split evenly.
+    np.testing.assert_allclose(weights[:2], [[0.5, 0.5, 0.0]] * 2, atol=1e-3)
+    np.testing.assert_allclose(weights[2], [0.0, 0.0, 1.0], atol=1e-3)
+    output = keras.ops.convert_to_numpy(keras.ops.cast(out.output, "float32"))
+    assert np.all(np.isfinite(output))
+    np.testing.assert_allclose(output[0, :2], np.full((2, 16), 200.0), rtol=1e-3)
 
 
 def test_bad_arguments_raise_clear_errors():

@@ -1,7 +1,12 @@
-"""Every public layer passes the shared layer checks of ``tfx_transformer.testing``."""
+"""Every public layer passes the shared layer checks; attention layers return one structure."""
 
+import itertools
+import os
+
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfx_transformer as tt
 from tfx_transformer.testing import check_layer
@@ -15,6 +20,7 @@ VALID = np.array([[True] * 4 + [False] * 3, [True] * S])
 PIXELS = np.ones((B, 4, 6), bool)
 PIXELS[0, 3:, :] = False
 PIXELS[0, :, 4:] = False
+CACHE = rng.normal(size=(B, 2, T, 4, 4)).astype("float32")
 
 CASES = {
     "mha_self": (tt.MultiHeadAttention, dict(num_heads=4, key_dim=4), {"query": X, "value": X},
@@ -31,6 +37,10 @@ CASES = {
     "decoder_layer": (tt.TransformerDecoderLayer, dict(num_heads=4, hidden_dim=32),
                       {"x": X, "memory": MEM, "memory_mask": VALID},
                       {"use_causal_mask": True}, (B, T, D)),
+    "decoder_layer_cross_attention": (tt.TransformerDecoderLayer,
+                                      dict(num_heads=4, hidden_dim=32, norm_first=True),
+                                      {"x": X, "memory": MEM, "memory_mask": VALID},
+                                      {"return_cross_attention": True}, (B, T, D)),
     "decoder_stack": (tt.TransformerDecoder, dict(num_layers=2, num_heads=4, hidden_dim=32,
                                                   norm_first=True),
                       {"x": X, "memory": MEM, "query_pos": X, "memory_pos": POS}, {},
@@ -51,6 +61,14 @@ def test_layer_contract(case):
     assert np.all(np.isfinite(out))
 
 
+def test_layer_contract_with_scores_and_cache():
+    """Every field through the checks (no fit step: the cache write has no gradient)."""
+    check_layer(tt.MultiHeadAttention, dict(num_heads=4, key_dim=4),
+                {"query": X[:, :2], "value": X[:, :2], "cache": CACHE},
+                {"cache_index": 1, "return_attention_scores": True},
+                expected_output_shape=(B, 2, D), run_training=False)
+
+
 def test_check_layer_catches_a_broken_config():
     """The harness itself can fail: a layer whose get_config drops an argument."""
 
@@ -62,3 +80,115 @@ def test_check_layer_catches_a_broken_config():
 
     with pytest.raises(AssertionError, match="hidden_dim"):
         check_layer(Broken, dict(hidden_dim=32), {"x": X})
+
+
+# The fixed return structure: AttentionOutput(output, attention, cache), None where not asked.
+
+def _assert_structure(result, output, attention, cache):
+    """``result`` is an AttentionOutput whose fields have these shapes (None = field is None)."""
+    assert type(result) is tt.AttentionOutput
+    assert result._fields == ("output", "attention", "cache")
+    for name, want in zip(result._fields, (output, attention, cache)):
+        got = getattr(result, name)
+        if want is None:
+            assert got is None, name
+        else:
+            assert got is not None, name
+            assert len(got.shape) == len(want), (name, got.shape, want)
+            assert all(g is None or g == w for g, w in zip(got.shape, want)), (name, got.shape)
+
+
+def _run(mode, layer, args, kwargs):
+    """Calls ``layer`` eagerly, inside a tf.function, or on KerasTensors."""
+    if mode == "eager":
+        return layer(*args, **kwargs)
+    if mode == "tf.function":
+        return tf.function(lambda *a: layer(*a, **kwargs))(*args)
+    symbolic = [keras.Input(shape=a.shape[1:], dtype=str(a.dtype)) for a in args]
+    kwargs = {k: keras.Input(shape=v.shape[1:]) if isinstance(v, np.ndarray) else v
+              for k, v in kwargs.items()}
+    return layer(*symbolic, **kwargs)
+
+
+MODES = ["eager", "tf.function", "symbolic"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "scores,cache", list(itertools.product([False, True], [None, "self", "pre"])))
+def test_multi_head_attention_always_returns_attention_output(mode, scores, cache):
+    layer = tt.MultiHeadAttention(num_heads=4, key_dim=4)
+    layer(X, MEM)
+    query, value, kwargs, length = X, MEM, {}, S
+    if cache == "self":  # one new step at index 3 of a T-slot cache
+        query, value, length = X[:, :1], X[:, :1], T
+        kwargs = dict(cache=CACHE, cache_index=3)
+    elif cache == "pre":
+        kwargs = dict(cache=np.asarray(layer.compute_cache(MEM)))
+    result = _run(mode, layer, (query, value), dict(kwargs, return_attention_scores=scores))
+    cache_shape = None if cache is None else kwargs["cache"].shape
+    _assert_structure(result, (B, query.shape[1], D), (B, 4, query.shape[1], length) if scores
+                      else None, cache_shape)
+
+
+DECODER_COMBINATIONS = [  # (stack, return_cross_attention, cache, return_intermediate)
+    c for c in itertools.product([False, True], repeat=4) if c[0] or not c[3]
+]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("stack,cross,cache,intermediate", DECODER_COMBINATIONS)
+def test_decoders_always_return_attention_output(mode, stack, cross, cache, intermediate):
+    kwargs = dict(num_heads=4, hidden_dim=8, dropout=0.0)
+    if stack:
+        layer = tt.TransformerDecoder(2, return_intermediate=intermediate, **kwargs)
+    else:
+        layer = tt.TransformerDecoderLayer(**kwargs)
+    layer(X, MEM)
+    x, call = X, dict(return_cross_attention=cross, memory_mask=VALID)
+    if cache:
+        x = X[:, :1]
+        call.update(cache=np.asarray(layer.empty_cache(B, T)), cache_index=2)
+    result = _run(mode, layer, (x, MEM), call)
+    t = x.shape[1]
+    output = (2, B, t, D) if intermediate else (B, t, D)
+    attention = ((2,) if stack else ()) + (B, 4, t, S) if cross else None
+    _assert_structure(result, output, attention, call["cache"].shape if cache else None)
+
+
+def test_attention_output_keeps_its_structure_through_keras_tree():
+    x = np.ones((2, 3), "float32")
+    result = tt.AttentionOutput(x, None, x)
+    assert keras.tree.flatten(result) == [x, x]  # None fields are not outputs
+    again = keras.tree.map_structure(lambda t: t * 2, result)
+    assert type(again) is tt.AttentionOutput and again.attention is None
+    np.testing.assert_array_equal(again.cache, 2 * x)
+
+
+@keras.saving.register_keras_serializable(package="test_layer_contract")
+class ToyTranslator(keras.Model):
+    """A subclassed model reading the decoder's ``output`` field."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.encoder = tt.TransformerEncoder(1, num_heads=2, hidden_dim=8, name="encoder")
+        self.decoder = tt.TransformerDecoder(1, num_heads=2, hidden_dim=8, name="decoder")
+
+    def call(self, inputs, training=None):
+        x, memory = inputs
+        memory = self.encoder(memory, training=training)
+        return self.decoder(x, memory, use_causal_mask=True, training=training).output
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_subclassed_model_fits_and_reloads(jit_compile, tmp_path):
+    model = ToyTranslator()
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile)
+    before = np.asarray(model((X, MEM)))
+    history = model.fit((X, MEM), X, epochs=2, batch_size=B, verbose=0)
+    assert history.history["loss"][1] < history.history["loss"][0]
+    after = np.asarray(model((X, MEM)))
+    assert not np.allclose(before, after)
+    path = os.path.join(tmp_path, "model.keras")
+    model.save(path)
+    np.testing.assert_allclose(keras.saving.load_model(path)((X, MEM)), after, atol=1e-6)

@@ -90,7 +90,23 @@ def test_sine_2d_unnormalised():
     np.testing.assert_allclose(got[0, 0, :, 4], np.sin([1.0, 2.0, 3.0, 4.0]), atol=1e-6)
 
 
-def test_sine_2d_under_mixed_precision():
-    valid = np.ones((1, 3, 4), bool)
-    out = tt.SinePositionEmbedding2D(num_pos_feats=4, dtype="mixed_bfloat16")(valid)
-    assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+@pytest.mark.parametrize("policy,tol", [("mixed_float16", 1e-3), ("mixed_bfloat16", 1e-2)])
+def test_sine_2d_under_mixed_precision_equals_float32(policy, tol):
+    """Values in [-1, 1]: float16 keeps ~3 decimal digits, bfloat16 ~2 (stated tolerances)."""
+    valid = np.zeros((2, 5, 6), bool)
+    valid[0] = True
+    valid[1, :3, :4] = True
+    out = tt.SinePositionEmbedding2D(num_pos_feats=8, dtype=policy)(valid)
+    assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
+    want = np.asarray(tt.SinePositionEmbedding2D(num_pos_feats=8)(valid))
+    got = keras.ops.convert_to_numpy(keras.ops.cast(out, "float32"))
+    np.testing.assert_allclose(got, want, atol=tol)
+    np.testing.assert_allclose(want, _detr_sine(valid, 8), atol=1e-5)
+
+
+def test_add_position():
+    x, pos = np.ones((2, 3, 4), "float32"), np.arange(12.0).reshape(3, 4)
+    assert tt.add_position(x, None) is x
+    np.testing.assert_allclose(tt.add_position(x, pos), x + pos)
+    half = tt.add_position(keras.ops.cast(x, "float16"), pos)  # pos follows x's dtype
+    assert keras.backend.standardize_dtype(half.dtype) == "float16"

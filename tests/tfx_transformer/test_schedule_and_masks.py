@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tfx_transformer as tt
+from tfx_transformer.masks import check_mask_rank
 
 
 def _noam(d, w, s, scale=1.0):
@@ -54,3 +55,25 @@ def test_padding_and_merge_masks():
     merged = np.asarray(tt.merge_masks(pad[:, None, :], None, tt.causal_mask(4)))
     np.testing.assert_array_equal(merged, (ids != 0)[:, None, :] & np.tril(np.ones((4, 4), bool)))
     assert tt.merge_masks(None, None) is None
+
+
+def test_key_padding_mask_and_to_attention_mask():
+    valid = np.array([[1, 1, 0], [1, 1, 1]], bool)
+    keys = np.asarray(tt.key_padding_mask(valid))
+    assert keys.shape == (2, 1, 3)
+    np.testing.assert_array_equal(keys[:, 0], valid)
+    assert tt.key_padding_mask(None) is None
+    np.testing.assert_array_equal(tt.to_attention_mask(valid), keys)
+    per_query = np.random.default_rng(0).random((2, 4, 3)) > 0.5
+    np.testing.assert_array_equal(tt.to_attention_mask(per_query), per_query)
+    assert tt.to_attention_mask(None) is None
+    with pytest.raises(ValueError, match=r"memory_mask.*\(3,\)"):
+        tt.to_attention_mask(np.ones((3,), bool), "memory_mask")
+
+
+def test_check_mask_rank():
+    check_mask_rank(None)
+    check_mask_rank(np.ones((2, 3), bool))
+    check_mask_rank(np.ones((1, 1, 2, 3), bool))
+    with pytest.raises(ValueError, match="attention_mask"):
+        check_mask_rank(np.ones((1, 1, 1, 2, 3), bool), "attention_mask")

@@ -1,4 +1,4 @@
-"""Tests of detection data sources, augmentation and batching (`vision.data` and friends)."""
+"""Tests of detection data sources, augmentation and batching (`vision.data`)."""
 
 import json
 
@@ -8,8 +8,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from PIL import Image
 
-from vision import augment, coco, data
-from vision.batching import make_batches
+from vision.data import augment, coco
+from vision.data import sources as data
+from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 
 MEAN, STD = np.array(augment.IMAGENET_MEAN), np.array(augment.IMAGENET_STD)
 
@@ -127,16 +128,72 @@ def test_coco_bad_files_are_named(coco_files):
 def test_too_many_objects_names_image_and_count(coco_files):
     folder, path, _ = coco_files
     source = data.load_source(f"coco:{folder}:{path}", valid_fraction=0.0)
-    with pytest.raises(ValueError, match=r"rgb.jpg.*\(id 10\) has 2 objects.*max_objects=1"):
-        source.batches("train", batch_size=2, max_objects=1)
-    source.batches("train", batch_size=2, max_objects=2)  # fits
-    with pytest.raises(ValueError, match="embedded` train image .* has [4-6] objects"):
-        data.load_source("embedded", num_train=30).batches("train", batch_size=2, max_objects=3)
-    # Sources without known counts (tfds) stop in the pipeline, naming the id and the count.
-    batches = make_batches(source.records("all"), batch_size=4, max_objects=1, image_size=32)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Image id.*10.*has.*2.*objects"):
-        list(batches)
+    # Counts known up front: raised before any batch, with the fields.
+    with pytest.raises(TooManyObjectsError, match=r"rgb.jpg.*\(id 10\) has 2 objects.*max_"
+                       r"objects=1.*num_queries") as raised:
+        source.batches("train", batch_size=2, object_limit=ObjectLimit(1))
+    error = raised.value
+    assert isinstance(error, ValueError)
+    assert (error.image_id, error.num_objects, error.max_objects) == (10, 2, 1)
+    source.batches("train", batch_size=2, object_limit=ObjectLimit(2))  # fits
+    with pytest.raises(TooManyObjectsError, match="embedded` train image .* has [4-6] objects"):
+        data.load_source("embedded", num_train=30).batches(
+            "train", batch_size=2, object_limit=ObjectLimit(3))
 
+
+def test_images_over_the_object_limit_are_left_out_and_raised_by_the_callback(coco_files):
+    folder, path, _ = coco_files
+    source = data.load_source(f"coco:{folder}:{path}", valid_fraction=0.0)
+    counts = {int(r["image_id"]): len(r["labels"]) for r in source.records("all")}
+    assert counts == {10: 2, 11: 1, 12: 1, 13: 0}
+    # Counts not known up front (as for tfds:): the pipeline leaves the image out ...
+    limit = ObjectLimit(1)
+    batches = make_batches(source.records("all"), batch_size=4, object_limit=limit,
+                           image_size=32, include_info=True)
+    ids = [int(i) for _, _, info in batches for i in info["image_id"]]
+    assert ids == [11, 12, 13]  # never truncated: image 10 is not there at all
+    # ... and records it: `check` and the callback raise it with its fields.
+    assert [(e.image_id, e.num_objects, e.max_objects) for e in limit.errors] == [(10, 2, 1)]
+    with pytest.raises(TooManyObjectsError, match="Image id 10 has 2 objects.*max_objects=1"):
+        limit.check()
+    with pytest.raises(TooManyObjectsError, match="Image id 10"):
+        limit.callback().on_train_batch_end(0)
+    fine = ObjectLimit(2)
+    assert len(list(make_batches(source.records("all"), batch_size=4, object_limit=fine,
+                                 image_size=32))) == 1
+    fine.check()
+    fine.callback().on_test_batch_end(0)  # nothing seen: no error
+    with pytest.raises(ValueError, match="max_objects=0"):
+        ObjectLimit(0)
+    with pytest.raises(ValueError, match="object_limit=3"):
+        make_batches(source.records("all"), batch_size=4, object_limit=3)
+
+
+def test_fit_stops_with_the_error_at_the_first_batch_after_the_image():
+    import keras
+
+    def gen():  # image 1 of 4 has 3 objects, over the limit of 2
+        for i, n in enumerate([1, 3, 0, 2]):
+            yield {"image": np.zeros((8, 8, 3), np.uint8),
+                   "boxes": np.tile(np.float32([[1, 1, 4, 4]]), (n, 1)),
+                   "labels": np.zeros(n, np.int32), "image_id": np.int64(100 + i)}
+
+    records = tf.data.Dataset.from_generator(gen, output_signature={
+        "image": tf.TensorSpec([None, None, 3], tf.uint8),
+        "boxes": tf.TensorSpec([None, 4], tf.float32),
+        "labels": tf.TensorSpec([None], tf.int32), "image_id": tf.TensorSpec([], tf.int64)})
+    limit = ObjectLimit(2)
+    batches = make_batches(records, batch_size=1, object_limit=limit, image_size=8)
+    batches = batches.map(lambda x, y: (x["images"], y["boxes"][:, :1]))
+    model = keras.Sequential([keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(4)])
+    model.compile(optimizer="sgd", loss="mse")
+    seen = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(b))
+    with pytest.raises(TooManyObjectsError) as raised:
+        model.fit(batches, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[counter, limit.callback()])
+    assert (raised.value.image_id, raised.value.num_objects) == (101, 3)
+    assert len(seen) < 3  # stopped, not after the whole epoch
 
 def test_horizontal_flip_maps_boxes():
     image = np.arange(4 * 6 * 3, dtype=np.float32).reshape(4, 6, 3)
@@ -199,8 +256,8 @@ def test_padded_batch_masks_real_pixels_and_normalizes_boxes():
     images = [np.full((h, w, 3), 10 * (i + 1), np.uint8) for i, (h, w) in enumerate(sizes)]
     boxes = [[[4, 3, 20, 15]], [[0, 0, 20, 50], [2, 10, 4, 30]], []]
     labels = [[2], [0, 1], []]
-    batches = make_batches(_records(images, boxes, labels), batch_size=3, max_objects=4,
-                           image_size=25, include_info=True)
+    batches = make_batches(_records(images, boxes, labels), batch_size=3,
+                           object_limit=ObjectLimit(4), image_size=25, include_info=True)
     inputs, targets, info = next(iter(batches))
     expected_sizes = [_detr_size(h, w, 25, round(1333 * 25 / 800)) for h, w in sizes]
     np.testing.assert_array_equal(info["size"], expected_sizes)
@@ -223,20 +280,21 @@ def test_padded_batch_masks_real_pixels_and_normalizes_boxes():
                                atol=1e-6)
     np.testing.assert_array_equal(targets["valid"], [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
     np.testing.assert_array_equal(targets["labels"], [[2, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]])
-    fixed = make_batches(_records(images, boxes, labels), batch_size=2, max_objects=4,
+    fixed = make_batches(_records(images, boxes, labels), batch_size=2, object_limit=ObjectLimit(4),
                          image_size=25, pad_to=(48, 48), drop_remainder=True)
     assert [x["mask"].shape for x, _ in fixed] == [(2, 48, 48)]
 
 
 def test_training_batches_are_augmented_reproducibly():
     source = data.load_source("embedded", num_train=8, num_valid=4, embedded_size=64)
-    batches = source.batches("train", batch_size=4, max_objects=6, image_size=64, seed=3)
+    kwargs = dict(batch_size=4, object_limit=ObjectLimit(6), image_size=64, seed=3)
+    batches = source.batches("train", **kwargs)
     spec = batches.element_spec
     assert spec[0]["images"].shape.as_list() == [None, None, None, 3]
     assert spec[1]["labels"].dtype == tf.int32 and spec[1]["valid"].dtype == tf.bool
     first = [(x["images"].numpy(), y["boxes"].numpy()) for x, y in batches]
     again = [(x["images"].numpy(), y["boxes"].numpy()) for x, y in
-             source.batches("train", batch_size=4, max_objects=6, image_size=64, seed=3)]
+             source.batches("train", **kwargs)]
     assert all(np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
                for a, b in zip(first, again))
     shapes = {images.shape[1:3] for images, _ in first}
@@ -248,7 +306,7 @@ def test_training_batches_are_augmented_reproducibly():
 
 def test_flip_and_no_augmentation_keep_the_evaluation_resize():
     source = data.load_source("embedded", num_train=8, num_valid=4, embedded_size=64)
-    kwargs = dict(batch_size=8, max_objects=6, image_size=48, seed=5)
+    kwargs = dict(batch_size=8, object_limit=ObjectLimit(6), image_size=48, seed=5)
 
     def batch(**more):  # unshuffled records, so that the batches can be compared
         return next(iter(make_batches(source.records("train"), **kwargs, **more)))
@@ -297,7 +355,8 @@ def test_tfds_sources_under_mock_data(name, num_classes, crowd):
         source = data.load_source(f"tfds:{name}")
         records = list(source.records("valid").as_numpy_iterator())
         raw = list(tfds.load(name, split="validation").as_numpy_iterator())
-        x, y = next(iter(source.batches("train", batch_size=2, max_objects=50, image_size=32)))
+        x, y = next(iter(source.batches("train", batch_size=2, object_limit=ObjectLimit(50),
+                                        image_size=32)))
     assert source.num_classes == num_classes and len(source.class_names) == num_classes
     assert len(records) == len(raw) == 4
     dropped = 0

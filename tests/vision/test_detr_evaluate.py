@@ -1,4 +1,4 @@
-"""COCO AP through pycocotools, the object-limit error, and the detection pictures."""
+"""COCO AP through pycocotools, the object-limit error, DETR's learning-rate drop, pictures."""
 
 import json
 
@@ -8,14 +8,17 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vision.batching import make_batches
+from tfx_transformer.run import RunOptions
+from tfx_transformer.workdir import read_metrics
 from vision.config import preset
+from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
+from vision.data.sources import DetectionSource
 from vision.evaluate import coco_evaluate, evaluate_records
 from vision.export import preprocess_images
 from vision.model import build_model
 from vision.optimizer import DetrAdamW
 from vision.plots import cross_attention, draw_detections, plot_query_attention
-from vision.train import LearningRateDrop, object_limit_errors, train_detr
+from vision.train import LearningRateDrop, train_detr
 
 # COCO's AP is the mean, over IoU thresholds 0.50:0.05:0.95 and over the categories with
 # ground truth, of the precision interpolated (made non-increasing) at the 101 recall points
@@ -97,26 +100,80 @@ def test_evaluate_records_groups_same_size_images():
     assert evaluate_records(oracle, dataset, limit=1, progress=False)["n"] == 1
 
 
-def test_too_many_objects_become_a_value_error(tmp_path):
-    record = {"image": np.zeros((16, 16, 3), np.uint8), "image_id": 7,
-              "boxes": np.array([[0, 0, 4, 4]] * 3, "float32"), "labels": np.zeros(3, "int32")}
-    records = tf.data.Dataset.from_generator(lambda: iter([record]), output_signature={
+def _record(image_id, num_objects, size=16):
+    return {"image": np.zeros((size, size, 3), np.uint8), "image_id": image_id,
+            "boxes": np.array([[0, 0, 4, 4]] * num_objects, "float32").reshape(-1, 4),
+            "labels": np.zeros(num_objects, "int32")}
+
+
+def _records(*records):
+    return tf.data.Dataset.from_generator(lambda: iter(records), output_signature={
         "image": tf.TensorSpec([None, None, 3], tf.uint8), "image_id": tf.TensorSpec([], tf.int64),
         "boxes": tf.TensorSpec([None, 4]), "labels": tf.TensorSpec([None], tf.int32)})
-    batches = make_batches(records, batch_size=1, max_objects=2, image_size=16)
-    with pytest.raises(ValueError, match="Image id 7 has 3 objects, more than max_objects=2"):
-        with object_limit_errors(2):
-            list(batches)
-    # Sources that know their counts fail before training, naming the file.
-    Image.new("RGB", (32, 32)).save(tmp_path / "a.png")
-    ann = {"images": [{"id": 1, "file_name": "a.png", "width": 32, "height": 32}],
-           "categories": [{"id": 1, "name": "dot"}],
-           "annotations": [{"id": i + 1, "image_id": 1, "category_id": 1,
-                            "bbox": [i, i, 2, 2]} for i in range(3)]}
+
+
+def _assert_fields(error, image_id, num_objects, max_objects):
+    assert isinstance(error, ValueError)  # scripts report it as one `error:` line
+    assert (error.image_id, error.num_objects, error.max_objects) == (
+        image_id, num_objects, max_objects)
+    for value in (image_id, num_objects, max_objects):
+        assert str(value) in str(error)
+    assert "num_queries" in str(error)
+
+
+def test_too_many_objects_are_recorded_left_out_and_raised_with_their_fields():
+    limit = ObjectLimit(2)
+    batches = make_batches(_records(_record(5, 1), _record(7, 3), _record(9, 2)), batch_size=4,
+                           object_limit=limit, image_size=16)
+    (inputs, targets), = list(batches)  # one batch: images 5 and 9, not 7
+    assert inputs["images"].shape[0] == 2
+    np.testing.assert_array_equal(np.asarray(targets["valid"]).sum(axis=1), [1, 2])
+    with pytest.raises(TooManyObjectsError) as error_info:
+        limit.check()
+    _assert_fields(error_info.value, 7, 3, 2)
+
+
+def _coco(tmp_path, objects_per_image):
+    """A COCO source with one 32x32 image per entry, holding that many 2x2 boxes."""
+    images, annotations = [], []
+    for index, count in enumerate(objects_per_image):
+        Image.new("RGB", (32, 32)).save(tmp_path / f"{index}.png")
+        images.append({"id": index + 1, "file_name": f"{index}.png", "width": 32, "height": 32})
+        annotations += [{"id": len(annotations) + 1, "image_id": index + 1, "category_id": 1,
+                         "bbox": [i, i, 2, 2]} for i in range(count)]
+    ann = {"images": images, "categories": [{"id": 1, "name": "dot"}],
+           "annotations": annotations}
     (tmp_path / "ann.json").write_text(json.dumps(ann))
-    with pytest.raises(ValueError, match="a.png.*3 objects, more than max_objects=2"):
-        train_detr(f"coco:{tmp_path}:{tmp_path / 'ann.json'}", str(tmp_path / "run"),
-                   config_overrides={"num_queries": 2}, valid_fraction=0.0, log=lambda *a: None)
+    return f"coco:{tmp_path}:{tmp_path / 'ann.json'}"
+
+
+TINY_RUN = dict(hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=2, tiny_filters=(8, 16),
+                num_encoder_layers=1, num_decoder_layers=1, batch_size=2, image_size=32,
+                max_image_size=32)
+
+
+def test_train_detr_stops_on_too_many_objects_before_training(tmp_path):
+    # Sources that know their counts fail before training.
+    data = _coco(tmp_path, [3, 1])
+    with pytest.raises(TooManyObjectsError) as error_info:
+        train_detr(data, tmp_path / "run", preset("tiny-detr", **TINY_RUN),
+                   RunOptions(valid_fraction=0.0), log=lambda *a: None)
+    _assert_fields(error_info.value, 1, 3, 2)
+    assert "history" not in read_metrics(tmp_path / "run")
+
+
+@pytest.mark.slow  # one DETR train step is traced (~15 s)
+def test_train_detr_stops_on_too_many_objects_found_while_training(tmp_path, monkeypatch):
+    # Counts unknown up front (as for tfds:): the pipeline finds the image, fit stops.
+    monkeypatch.setattr(DetectionSource, "check_max_objects", lambda *args: None)
+    data = _coco(tmp_path, [3, 1])
+    with pytest.raises(TooManyObjectsError) as error_info:
+        train_detr(data, tmp_path / "run", preset("tiny-detr", **TINY_RUN),
+                   RunOptions(valid_fraction=0.0, max_steps=3), log=lambda *a: None)
+    _assert_fields(error_info.value, 1, 3, 2)
+    metrics = read_metrics(tmp_path / "run")
+    assert "train" not in metrics  # raised inside fit, by the callback
+    assert not (tmp_path / "run" / "export").exists()
 
 
 class _Holder:

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vision.batching import make_batches
 from vision.config import preset
+from vision.data.batching import ObjectLimit, make_batches
 from vision.export import export_detector, load_detector, make_detect_fn
 from vision.model import build_model
 from vision.postprocess import postprocess
@@ -46,7 +46,7 @@ def _expected(model, images):
          "image_id": i} for i, image in enumerate(images)), output_signature={
         "image": tf.TensorSpec([None, None, 3], tf.uint8), "boxes": tf.TensorSpec([None, 4]),
         "labels": tf.TensorSpec([None], tf.int32), "image_id": tf.TensorSpec([], tf.int64)})
-    batches = make_batches(records, batch_size=len(images), max_objects=1,
+    batches = make_batches(records, batch_size=len(images), object_limit=ObjectLimit(1),
                            image_size=IMAGE_SIZE, max_size=MAX_SIZE, include_info=True)
     inputs, _, info = next(iter(batches))
     out = postprocess(model(inputs), info["orig_size"])

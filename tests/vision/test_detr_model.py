@@ -1,6 +1,5 @@
-"""Tests for the DETR model, its backbones, config, optimizer and post-processing."""
+"""Tests for the DETR model, its backbones, optimizer and post-processing."""
 
-import dataclasses
 import re
 
 import keras
@@ -8,9 +7,9 @@ import numpy as np
 import pytest
 
 from vision.backbone import ResNet50Backbone, TinyBackbone, build_backbone
-from vision.config import DetrConfig, preset
+from vision.config import preset
 from vision.losses import SetCriterion
-from vision.model import DETR, build_criterion, build_model, resize_mask
+from vision.model import DETR, DetrOutput, build_criterion, build_model
 from vision.optimizer import DetrAdamW, build_optimizer
 from vision.postprocess import postprocess
 
@@ -36,35 +35,6 @@ def _numpy_outputs(outputs):
     return keras.tree.map_structure(keras.ops.convert_to_numpy, outputs)
 
 
-def test_config_presets_and_overrides():
-    r50 = preset("r50")
-    assert (r50.backbone, r50.hidden_dim, r50.num_heads) == ("resnet50", 256, 8)
-    assert r50.num_queries == 100
-    assert (r50.num_encoder_layers, r50.num_decoder_layers, r50.ffn_dim) == (6, 6, 2048)
-    assert (r50.learning_rate, r50.backbone_learning_rate, r50.weight_decay) == (1e-4, 1e-5, 1e-4)
-    assert (r50.clip_norm, r50.eos_coef, r50.dropout, r50.norm_first) == (0.1, 0.1, 0.1, False)
-    assert (r50.cost_class, r50.cost_bbox, r50.cost_giou) == (1.0, 5.0, 2.0)
-    tiny = preset("tiny", num_queries=7)
-    assert (tiny.backbone, tiny.num_queries, tiny.hidden_dim) == ("tiny", 7, 128)
-    assert preset("tiny").num_queries == 20  # the preset itself is unchanged
-    vanilla = preset("tiny-detr")  # DETR at the reference CPU run's size
-    assert (vanilla.query_type, vanilla.attention_radius, vanilla.box_refinement) == (
-        "learned", None, False)
-    assert (vanilla.dropout, vanilla.augmentation, vanilla.backbone_learning_rate) == (
-        0.1, "detr", 2e-5)
-    assert (r50.query_type, r50.box_refinement, r50.augmentation) == ("learned", False, "detr")
-    fast = preset("tiny")  # the same size with the convergence aids
-    assert (fast.hidden_dim, fast.num_queries, fast.backbone) == (128, 20, "tiny")
-    assert (fast.query_type, fast.box_refinement, fast.attention_radius) == ("encoder", True, 0.3)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        tiny.hidden_dim = 64
-    with pytest.raises(ValueError, match="num_querys"):
-        preset("tiny", num_querys=3)
-    with pytest.raises(ValueError, match="'huge'"):
-        preset("huge")
-    assert "num_classes" not in {f.name for f in dataclasses.fields(DetrConfig)}
-
-
 def test_tiny_preset_output_shapes_and_aux_count():
     config = preset("tiny")
     model = build_model(config, NUM_CLASSES)
@@ -72,25 +42,24 @@ def test_tiny_preset_output_shapes_and_aux_count():
     outputs = _numpy_outputs(
         model({"images": _images(rng, 2, 64, 96), "mask": np.ones((2, 64, 96), bool)})
     )
-    assert outputs["pred_logits"].shape == (2, 20, NUM_CLASSES + 1)
-    assert outputs["pred_boxes"].shape == (2, 20, 4)
-    assert len(outputs["aux_outputs"]) == config.num_decoder_layers - 1 == 2
+    q = config.num_queries
+    assert outputs["pred_logits"].shape == (2, q, NUM_CLASSES + 1)
+    assert outputs["pred_boxes"].shape == (2, q, 4)
+    assert len(outputs["aux_outputs"]) == config.num_decoder_layers - 1
     for aux in outputs["aux_outputs"]:
-        assert aux["pred_logits"].shape == (2, 20, NUM_CLASSES + 1)
-        assert aux["pred_boxes"].shape == (2, 20, 4)
+        assert aux["pred_logits"].shape == (2, q, NUM_CLASSES + 1)
+        assert aux["pred_boxes"].shape == (2, q, 4)
         assert not np.allclose(aux["pred_boxes"], outputs["pred_boxes"])
     assert np.all((outputs["pred_boxes"] > 0) & (outputs["pred_boxes"] < 1))
     assert np.all(np.isfinite(outputs["pred_logits"]))
-    assert model.backbone.stride == 16
+    assert model.backbone.stride == 2 ** len(config.tiny_filters)
     assert len(model.backbone_variables) == 3 * len(config.tiny_filters)  # kernel, gamma, beta
-
-
-def test_resize_mask_is_pytorch_nearest():
-    valid = np.zeros((1, 5, 7), bool)
-    valid[0, :3, :4] = True
-    # PyTorch's nearest: output (i, j) reads input (floor(i * 5 / 3), floor(j * 7 / 2)).
-    expected = valid[:, [0, 1, 3]][:, :, [0, 3]]
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(resize_mask(valid, 3, 2)), expected)
+    # `forward` gives the same predictions in its one fixed structure.
+    result = model.forward({"images": _images(np.random.default_rng(0), 2, 64, 96)})
+    assert isinstance(result, DetrOutput) and result.cross_attention is None
+    assert tuple(int(v) for v in result.feature_size) == (4, 6)  # 64 x 96 at stride 16
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(result.predictions["pred_boxes"]),
+                               outputs["pred_boxes"], atol=1e-6)
 
 
 def test_tiny_backbone_stride_and_zero_padding():
@@ -144,22 +113,26 @@ def test_padded_batch_equals_each_image_alone(queries):
     assert not np.allclose(together["pred_boxes"][0], together["pred_boxes"][1], atol=1e-3)
 
 
-def test_backbone_variables_get_a_ten_times_smaller_learning_rate():
+@pytest.mark.parametrize("dropped", [False, True])
+def test_backbone_variables_get_the_multiplier_times_the_learning_rate(dropped):
     config = preset("tiny-detr", **SMALL, weight_decay=0.0)
     model = build_model(config, NUM_CLASSES)
     optimizer = build_optimizer(config, model)
+    # The trainer's learning-rate drop sets the optimizer's rate; the backbone's follows.
+    lr = config.learning_rate * (0.1 if dropped else 1.0)
+    optimizer.learning_rate = lr
     variables = model.trainable_variables
     for v in variables:
         v.assign(keras.ops.zeros_like(v))  # no float32 rounding of (w - step)
-    # A constant gradient: the first Adam step moves every weight by exactly lr.
+    # A constant gradient: the first Adam step moves every weight by exactly its rate.
     optimizer.apply([keras.ops.ones_like(v) for v in variables], variables)
     backbone = {id(v) for v in model.backbone_variables}
     assert backbone and len(backbone) < len(variables)
     for v in variables:
         step = -keras.ops.convert_to_numpy(v)
-        lr = config.backbone_learning_rate if id(v) in backbone else config.learning_rate
-        np.testing.assert_allclose(step, lr, rtol=1e-3, err_msg=v.path)
-    assert config.learning_rate / config.backbone_learning_rate == pytest.approx(10)
+        expected = lr * config.backbone_lr_multiplier if id(v) in backbone else lr
+        np.testing.assert_allclose(step, expected, rtol=1e-3, err_msg=v.path)
+    assert config.backbone_lr_multiplier < 1  # the comparison above is not trivial
 
 
 def test_weight_decay_uses_each_variable_learning_rate():
@@ -219,7 +192,7 @@ def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path, name):
     assert {v.path for v in model.backbone_variables} <= changed
     unchanged = {v.path for v in model.trainable_variables} - changed
     if name == "tiny-detr":
-        assert "detr/query_embed" in changed
+        assert "detr/queries/query_embed" in changed
         # As in DETR, the first decoder layer's self-attention sees zeros (the decoder input)
         # and its value bias starts at zero, so its weights get no gradient on the first step.
         assert unchanged and all("decoder/layer_0/self_attention" in p for p in unchanged)
@@ -237,8 +210,7 @@ def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path, name):
     ours, theirs = _numpy_outputs(model(x)), _numpy_outputs(loaded(x))
     keras.tree.map_structure(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), ours, theirs)
     assert isinstance(loaded.optimizer, DetrAdamW) and loaded.optimizer.has_backbone_variables
-    assert loaded.optimizer.backbone_lr_multiplier == pytest.approx(
-        0.1 if name == "tiny-detr" else 1.0)
+    assert loaded.optimizer.backbone_lr_multiplier == preset(name).backbone_lr_multiplier
     assert int(loaded.optimizer.iterations.numpy()) == 1
     assert loaded.jit_compile is False
 
@@ -267,13 +239,24 @@ def test_compile_defaults_and_replica_scaling():
     )
 
 
-def test_mixed_precision_forward_is_finite_float32():
+@pytest.mark.parametrize("name", ["tiny-detr", "tiny"])
+def test_mixed_precision_forward_is_float32_close_to_float32(name):
+    config = preset(name, **SMALL)
+    reference = build_model(config, NUM_CLASSES)
     keras.config.set_dtype_policy("mixed_bfloat16")
-    model = build_model(preset("tiny", **SMALL), NUM_CLASSES)
+    model = build_model(config, NUM_CLASSES)
     assert model.encoder.compute_dtype == "bfloat16"
-    outputs = model({"images": _images(np.random.default_rng(5), 2, 32, 48)})  # no mask: all valid
+    model.set_weights(reference.get_weights())  # float32 variables in both
+    inputs = {"images": _images(np.random.default_rng(5), 2, 32, 48)}  # no mask: all valid
+    outputs = model(inputs)
     assert keras.backend.standardize_dtype(outputs["pred_boxes"].dtype) == "float32"
-    assert np.all(np.isfinite(keras.ops.convert_to_numpy(outputs["pred_logits"])))
+    assert keras.backend.standardize_dtype(outputs["pred_logits"].dtype) == "float32"
+    ours, full = _numpy_outputs(outputs), _numpy_outputs(reference(inputs))
+    # bfloat16 keeps 8 bits of mantissa (relative error ~4e-3 per operation): measured over
+    # seeds, boxes differ by at most 1.4e-3 and logits (|logit| < 1.2) by 2.2e-2; the
+    # tolerances leave about 3x room.
+    np.testing.assert_allclose(ours["pred_boxes"], full["pred_boxes"], atol=5e-3)
+    np.testing.assert_allclose(ours["pred_logits"], full["pred_logits"], atol=6e-2)
 
 
 def test_postprocess_matches_a_hand_computation():

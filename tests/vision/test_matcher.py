@@ -1,4 +1,4 @@
-"""Tests for vision.matcher: exactness against brute force, padding, batching, DETR's cost."""
+"""Tests for vision.assignment and vision.matcher: exact against brute force, batched."""
 
 import itertools
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from vision.matcher import HungarianMatcher, assign
+from vision.assignment import assign
+from vision.matcher import HungarianMatcher
 
 SOLVERS = ["scipy", "ops"]
 

@@ -1,11 +1,11 @@
-"""Tests of the synthetic shapes data (`vision.shapes`)."""
+"""Tests of the synthetic shapes data (`vision.data.shapes`)."""
 
 import collections
 
 import numpy as np
 import pytest
 
-from vision.shapes import CLASS_NAMES, ShapesGenerator
+from vision.data.shapes import CLASS_NAMES, ShapesGenerator
 
 
 def _same(a, b):

@@ -19,7 +19,7 @@ VALID_SPLIT = "validation"
 
 
 def tfds_record(example: dict) -> dict:
-    """Converts one TFDS detection example to a record (see `vision.data`)."""
+    """Converts one TFDS detection example to a record (see `vision.data.sources`)."""
     image = example["image"]
     shape = tf.cast(tf.shape(image), tf.float32)
     fields = ["bbox", "label"] + (["is_crowd"] if "is_crowd" in example["objects"] else [])

@@ -2,8 +2,8 @@
 
 Data specs:
 
-- `embedded`: the synthetic shapes of `vision.shapes` (3 classes), generated on the fly.
-- `coco:IMAGES_DIR:ANNOTATIONS.json`: COCO-format files (`vision.coco`); a deterministic
+- `embedded`: the synthetic shapes of `vision.data.shapes` (3 classes), generated on the fly.
+- `coco:IMAGES_DIR:ANNOTATIONS.json`: COCO-format files (`vision.data.coco`); a deterministic
   `valid_fraction` of the images is held out for validation.
 - `tfds:NAME`: a TensorFlow Datasets detection set with `objects/bbox` and `objects/label`,
   e.g. `tfds:coco/2017` or `tfds:voc/2007`; crowd boxes (`objects/is_crowd`) are dropped. Its
@@ -11,8 +11,8 @@ Data specs:
 
 Splits are "train", "valid" and "all" (train followed by valid). A split's *records* are
 `{"image": (H, W, 3) uint8, "boxes": (N, 4) float32 absolute pixel (x0, y0, x1, y1),
-"labels": (N,) int32, "image_id": () int64}`; `make_batches` (from `vision.batching`, re-exported
-here) turns them into Keras elements, and `DetectionSource.batches` does both steps.
+"labels": (N,) int32, "image_id": () int64}`; `vision.data.batching.make_batches` turns them
+into Keras elements, and `DetectionSource.batches` does both steps.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
-from vision import coco, shapes, tfds_source
-from vision.batching import make_batches
+from vision.data import coco, shapes, tfds_source
+from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 
 __all__ = [
     "EMBEDDED_VALID_ID_OFFSET",
@@ -34,7 +34,6 @@ __all__ = [
     "DetectionSource",
     "evaluation_split",
     "load_source",
-    "make_batches",
     "parse_data_spec",
 ]
 
@@ -90,8 +89,9 @@ class _Split:
 
     build: Callable[[bool, int], tf.data.Dataset]
     size: int | None
-    # Yields (image name, number of objects); None where counting would mean reading everything.
-    counts: Callable[[], Iterable[tuple[str, int]]] | None = None
+    # Yields (image id, description, number of objects); None where counting would mean
+    # reading everything.
+    counts: Callable[[], Iterable[tuple[int, str, int]]] | None = None
     most_objects: int | None = None  # An upper bound of the counts, if known.
 
 
@@ -153,28 +153,29 @@ class DetectionSource:
         return self._split(split).build(shuffle, seed)
 
     def check_max_objects(self, split: str, max_objects: int) -> None:
-        """Raises ValueError naming the first image of `split` with more than `max_objects` boxes.
+        """Raises for the first image of `split` with more than `max_objects` objects.
 
-        Sources whose counts need a full read (`tfds:`) are checked in the pipeline instead.
+        Sources whose counts need a full read (`tfds:`) are checked in the pipeline instead
+        (`vision.data.batching.ObjectLimit`).
+
+        Raises:
+            TooManyObjectsError: naming the image (id and description) and the counts.
         """
         if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects < 1:
             raise ValueError(f"`max_objects` must be a positive integer. Received: {max_objects!r}")
         info = self._split(split)
         if info.counts is None or info.most_objects <= max_objects:
             return
-        for name, count in info.counts():
+        for image_id, name, count in info.counts():
             if count > max_objects:
-                raise ValueError(
-                    f"{name} has {count} objects, more than max_objects={max_objects} (the "
-                    "number of queries). Raise the number of queries or remove objects."
-                )
+                raise TooManyObjectsError(image_id, count, max_objects, image=name)
 
     def batches(
         self,
         split: str = "train",
         *,
         batch_size: int,
-        max_objects: int,
+        object_limit: ObjectLimit,
         training: bool | None = None,
         seed: int = 0,
         **kwargs,
@@ -184,21 +185,27 @@ class DetectionSource:
         Args:
             split: "train", "valid" or "all".
             batch_size: Images per batch.
-            max_objects: Target slots per image (the trainer passes `num_queries`).
+            object_limit: Target slots per image (the trainer's `ObjectLimit(num_queries)`);
+                images over it that were not counted up front are recorded there.
             training: Shuffle and augment; default True for "train" only.
             seed: Seed of shuffling and augmentation.
-            **kwargs: More arguments of `vision.batching.make_batches` (`image_size`, ...).
+            **kwargs: More arguments of `vision.data.batching.make_batches` (`image_size`, ...).
 
         Raises:
-            ValueError: For an image with more than `max_objects` objects (see
-                `check_max_objects`), or bad arguments.
+            TooManyObjectsError: For an image with more objects than the limit (see
+                `check_max_objects`).
+            ValueError: For bad arguments.
         """
         training = split == "train" if training is None else training
-        self.check_max_objects(split, max_objects)
+        if not isinstance(object_limit, ObjectLimit):
+            raise ValueError(
+                f"`object_limit` must be an ObjectLimit. Received: object_limit={object_limit!r}"
+            )
+        self.check_max_objects(split, object_limit.max_objects)
         return make_batches(
             self.records(split, shuffle=training, seed=seed),
             batch_size=batch_size,
-            max_objects=max_objects,
+            object_limit=object_limit,
             training=training,
             seed=seed,
             **kwargs,
@@ -231,7 +238,7 @@ def _embedded_split(generator: shapes.ShapesGenerator, size: int, id_offset: int
 
     def counts():
         for i in range(size):
-            yield f"`embedded` {generator.split} image {i}", generator.num_objects(i)
+            yield i + id_offset, f"`embedded` {generator.split} image {i}", generator.num_objects(i)
 
     return _Split(build, size, counts, generator.max_objects)
 
@@ -254,7 +261,7 @@ def _coco_split(images: tuple[coco.CocoImage, ...]) -> _Split:
 
     def counts():
         for image in images:
-            yield f"Image {image.path!r} (id {image.image_id})", len(image.labels)
+            yield image.image_id, f"Image {image.path!r}", len(image.labels)
 
     return _Split(build, len(images), counts, max(lengths, default=0))
 

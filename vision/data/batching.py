@@ -1,10 +1,10 @@
 """Turns detection records into padded Keras batches: augment or resize, normalize, pad, batch.
 
 Input records: `{"image": (H, W, 3) uint8, "boxes": (N, 4) float32 absolute pixel
-(x0, y0, x1, y1), "labels": (N,) int, "image_id": () int64}` (what `vision.data` sources give).
+(x0, y0, x1, y1), "labels": (N,) int, "image_id": () int64}` (what `vision.data.sources` give).
 
-Output elements, for Keras `fit` (B images, M = `max_objects`, H/W = the largest image of the
-batch, or `pad_to`):
+Output elements, for Keras `fit` (B images, M = `object_limit.max_objects`, H/W = the largest
+image of the batch, or `pad_to`):
 
     ({"images": (B, H, W, 3) float32 ImageNet-normalized,
       "mask": (B, H, W) bool, True = real pixel, False = padding},
@@ -16,15 +16,22 @@ With `include_info=True` a third dict follows, for evaluation: `{"image_id": (B,
 "orig_size": (B, 2) int32 (height, width) of the original image, "size": (B, 2) int32 (height,
 width) of the resized image before padding}`. (Keras `fit` would read a third element as sample
 weights: use it for evaluation loops only.)
+
+Images with more than `M` objects cannot be trained on (DETR needs a query per object) and
+are never truncated: `ObjectLimit` leaves them out of the batches, records them, and raises
+`TooManyObjectsError` (a `ValueError` with the image id and the counts) from its Keras
+callback at the next batch end, or from `ObjectLimit.check`.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 
+import keras
 import tensorflow as tf
 
-from vision.augment import (
+from vision.data.augment import (
     DetrSizes,
     detr_train_transform,
     horizontal_flip,
@@ -32,7 +39,7 @@ from vision.augment import (
     resize,
 )
 
-__all__ = ["AUGMENTATIONS", "make_batches"]
+__all__ = ["AUGMENTATIONS", "ObjectLimit", "TooManyObjectsError", "make_batches"]
 
 AUGMENTATIONS = ("detr", "flip", "none")
 
@@ -43,19 +50,102 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
+class TooManyObjectsError(ValueError):
+    """An image has more objects than the model has queries (target slots).
+
+    Attributes:
+        image_id: the record's ``image_id``.
+        num_objects: its number of objects.
+        max_objects: the limit (the trainer's ``num_queries``).
+        image: a description of the image (e.g. its file), or None.
+    """
+
+    def __init__(self, image_id: int, num_objects: int, max_objects: int,
+                 image: str | None = None):
+        self.image_id, self.num_objects, self.max_objects = image_id, num_objects, max_objects
+        self.image = image
+        where = f"{image} (id {image_id})" if image else f"Image id {image_id}"
+        super().__init__(
+            f"{where} has {num_objects} objects, more than max_objects={max_objects} (the "
+            "number of queries). Raise `num_queries` or drop the image from the data."
+        )
+
+    def __reduce__(self):
+        return type(self), (self.image_id, self.num_objects, self.max_objects, self.image)
+
+
+class ObjectLimit:
+    """The target slots per image, and the images of a pipeline found over them.
+
+    The trainer creates one and passes it to `make_batches` (or
+    `vision.data.sources.DetectionSource.batches`), which leave such images out and record
+    them here; `callback` raises the first one's `TooManyObjectsError` at the next batch end
+    of ``fit`` / ``evaluate``, and `check` raises it afterwards (call it after a loop).
+
+    Args:
+        max_objects: target slots per image (DETR: ``num_queries``).
+    """
+
+    def __init__(self, max_objects: int):
+        self.max_objects = _positive_int("max_objects", max_objects)
+        self._found: list[TooManyObjectsError] = []
+        self._lock = threading.Lock()
+
+    @property
+    def errors(self) -> tuple[TooManyObjectsError, ...]:
+        """Every image found over the limit so far, in the order seen."""
+        with self._lock:
+            return tuple(self._found)
+
+    def record(self, image_id: int, num_objects: int) -> None:
+        """Notes an image over the limit."""
+        with self._lock:
+            self._found.append(TooManyObjectsError(image_id, num_objects, self.max_objects))
+
+    def check(self) -> None:
+        """Raises the first recorded `TooManyObjectsError`, if any."""
+        errors = self.errors
+        if errors:
+            raise errors[0]
+
+    def keep(self, record: dict) -> tf.Tensor:
+        """``tf.data`` filter predicate: False (and recorded) for an image over the limit."""
+        count = tf.shape(record["labels"])[0]
+
+        def over():
+            def note(image_id, num_objects):
+                self.record(int(image_id), int(num_objects))
+                return False
+
+            kept = tf.py_function(note, [record["image_id"], count], tf.bool)
+            return tf.ensure_shape(kept, [])
+
+        return tf.cond(count <= self.max_objects, lambda: tf.constant(True), over)
+
+    def callback(self) -> keras.callbacks.Callback:
+        """A Keras callback that calls `check` at every batch end."""
+        return _ObjectLimitCallback(self)
+
+
+class _ObjectLimitCallback(keras.callbacks.Callback):
+    def __init__(self, limit: ObjectLimit):
+        super().__init__()
+        self.limit = limit
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.limit.check()
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.limit.check()
+
+    def on_predict_batch_end(self, batch, logs=None):
+        self.limit.check()
+
+
 def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_objects: int,
              augmentation: str = "detr"):
     image, boxes = record["image"], tf.cast(record["boxes"], tf.float32)
     labels, image_id = tf.cast(record["labels"], tf.int32), tf.cast(record["image_id"], tf.int64)
-    count = tf.shape(labels)[0]
-    # Backstop for sources whose counts are not known up front (`tfds:`): a clear error, never
-    # a silent truncation.
-    check = tf.debugging.Assert(
-        count <= max_objects,
-        ["Image id", image_id, "has", count, f"objects, more than max_objects={max_objects}."],
-    )
-    with tf.control_dependencies([check]):
-        labels = tf.identity(labels)
     orig_size = tf.shape(image)[:2]
     if training and augmentation == "detr":
         image, boxes, labels = detr_train_transform(image, boxes, labels, seed, sizes)
@@ -92,7 +182,7 @@ def make_batches(
     records: tf.data.Dataset,
     *,
     batch_size: int,
-    max_objects: int,
+    object_limit: ObjectLimit,
     training: bool = False,
     seed: int = 0,
     image_size: int = 800,
@@ -104,17 +194,19 @@ def make_batches(
 ) -> tf.data.Dataset:
     """Batches detection records into `(inputs, targets)` elements for Keras.
 
-    Training applies DETR's augmentation (`vision.augment.detr_train_transform`: flip, multi-scale
-    resize, random crop) with sizes `DetrSizes.scaled(image_size, max_size)`; evaluation resizes
-    the shorter side to `image_size` (longer side at most `max_size`). Records are not shuffled
-    here: shuffle the (cheap, undecoded) source instead, as `DetectionSource.batches` does.
+    Training applies DETR's augmentation (`vision.data.augment.detr_train_transform`: flip,
+    multi-scale resize, random crop) with sizes `DetrSizes.scaled(image_size, max_size)`;
+    evaluation resizes the shorter side to `image_size` (longer side at most `max_size`).
+    Records are not shuffled here: shuffle the (cheap, undecoded) source instead, as
+    `DetectionSource.batches` does.
 
     Args:
         records: Dataset of records (module docstring).
         batch_size: Images per batch.
-        max_objects: Target slots per image. An image with more objects stops the iteration
-            with `tf.errors.InvalidArgumentError` naming its id and count (call
-            `DetectionSource.check_max_objects` first for a `ValueError` up front).
+        object_limit: `ObjectLimit` with the target slots per image. An image with more
+            objects is left out and recorded there (its callback raises
+            `TooManyObjectsError`); `DetectionSource.check_max_objects` checks sources with
+            known counts up front.
         training: Augment (randomly, reproducibly from `seed`, differently each epoch).
         seed: Augmentation seed.
         image_size: Evaluation shorter side; training scales are 0.6..1.0 of it (DETR: 800).
@@ -131,7 +223,11 @@ def make_batches(
         The batched, prefetched `tf.data.Dataset`.
     """
     batch_size = _positive_int("batch_size", batch_size)
-    max_objects = _positive_int("max_objects", max_objects)
+    if not isinstance(object_limit, ObjectLimit):
+        raise ValueError(
+            f"`object_limit` must be an ObjectLimit. Received: object_limit={object_limit!r}"
+        )
+    max_objects = object_limit.max_objects
     sizes = DetrSizes.scaled(image_size, max_size)
     if augmentation not in AUGMENTATIONS:
         raise ValueError(
@@ -147,6 +243,7 @@ def make_batches(
         _prepare, training=training, sizes=sizes, max_objects=max_objects,
         augmentation=augmentation,
     )
+    records = records.filter(object_limit.keep)
     if training:
         seeds = tf.data.Dataset.random(seed=seed, rerandomize_each_iteration=True).batch(2)
         ds = tf.data.Dataset.zip((records, seeds))

@@ -1,0 +1,166 @@
+"""The Translator SavedModel (`nlp.export`): translator.json, loading, old exports, atomicity."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from nlp import export
+from nlp.config import DECODING_FIELDS
+from nlp.data.embedded import generate_pairs
+from nlp.decoding import DecodingSettings, search
+from nlp.model import Seq2SeqTransformer
+from nlp.tokenizer import EOS_ID, Tokenizer, train_tokenizer
+
+DECODING = DecodingSettings(beam_size=3, length_penalty=0.6, extra_length=6)
+TEXTS = ["I have three apples.", "", "She is twenty-one years old."]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(model, tokenizer, export path) of a tiny untrained translator."""
+    tmp = tmp_path_factory.mktemp("translator")
+    pairs = generate_pairs(200)
+    path = train_tokenizer([t for p in pairs for t in p], str(tmp / "tok.model"), vocab_size=200)
+    tokenizer = Tokenizer.from_file(path)
+    keras.utils.set_random_seed(1)
+    model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
+                               num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
+                               dropout=0.0, max_positions=128)
+    (tmp / "export").mkdir()
+    (tmp / "export" / "stale.txt").write_text("from an earlier run")
+    export.export_translator(model, tokenizer, tmp / "export", DECODING, jit_compile=False)
+    return model, tokenizer, tmp / "export"
+
+
+def _reference(model, tokenizer, texts, decoding):
+    """Translations computed without `make_translate_fn`: Python tokenization, then `search`."""
+    sources = [tokenizer.encode(text) + [EOS_ID] for text in texts]
+    width = max(len(s) for s in sources)
+    batch = np.array([s + [0] * (width - len(s)) for s in sources], "int32")
+    ids = np.asarray(search(model, batch, decoding))
+    return [tokenizer.decode(row.tolist()) for row in ids]
+
+
+def _texts(translate):
+    return [t.decode("utf-8") for t in translate(tf.constant(TEXTS)).numpy()]
+
+
+def _snapshot(directory):
+    files = {}
+    for root, _, names in os.walk(directory):
+        for name in names:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                files[os.path.relpath(full, directory)] = f.read()
+    return files
+
+
+def test_translator_json_records_decoding_and_signatures(exported):
+    _, tokenizer, path = exported
+    assert not (path / "stale.txt").exists()  # the directory was replaced, not merged
+    assert not (path / "beam_size.txt").exists()
+    info = json.loads((path / export.INFO_FILE).read_text())
+    assert info == export.read_info(path)
+    assert DecodingSettings(**{k: info[k] for k in DECODING_FIELDS}) == DECODING
+    assert info["signatures"] == {export.SERVING: {"beam_size": 3}, export.GREEDY: {"beam_size": 1}}
+    assert (info["input_key"], info["output_key"]) == (export.INPUT_KEY, export.OUTPUT_KEY)
+    assert info["vocab_size"] == tokenizer.vocab_size
+    loaded = tf.saved_model.load(str(path))
+    assert set(loaded.signatures) == {export.SERVING, export.GREEDY}
+
+
+def test_loaded_translator_equals_in_process_decoding(exported):
+    model, tokenizer, path = exported
+    beam = _reference(model, tokenizer, TEXTS, DECODING)
+    greedy = _reference(model, tokenizer, TEXTS, DECODING.greedy())
+    assert beam[0] and greedy[0]  # the untrained model still writes something
+    in_process = export.make_translate_fn(model, tokenizer, DECODING, jit_compile=False)
+    assert _texts(in_process) == beam
+    assert _texts(export.load_translator(path)) == beam
+    assert _texts(export.load_translator(path, beam_size=1)) == greedy
+
+
+def test_load_translator_errors(exported, tmp_path):
+    _, _, path = exported
+    with pytest.raises(ValueError, match=r"beam_size=2: this export decodes with beam_size=3"):
+        export.load_translator(path, beam_size=2)
+    with pytest.raises(ValueError, match="beam_size=0"):
+        export.load_translator(path, beam_size=0)
+    with pytest.raises(ValueError, match="No exported model at .*nothing"):
+        export.load_translator(tmp_path / "nothing")
+
+
+def test_make_translate_fn_takes_decoding_settings(exported):
+    model, tokenizer, path = exported
+    with pytest.raises(TypeError, match="`decoding` must be a DecodingSettings"):
+        export.make_translate_fn(model, tokenizer, 3)
+    with pytest.raises(TypeError, match="`decoding` must be a DecodingSettings"):
+        export.export_translator(model, tokenizer, path, 3)
+    with pytest.raises(ValueError, match="max_positions"):
+        export.make_translate_fn(model, tokenizer, DecodingSettings(extra_length=120))
+
+
+def test_export_from_before_translator_json_still_loads(exported, tmp_path):
+    # Older exports: the same SavedModel, with `beam_size.txt` instead of `translator.json`.
+    model, tokenizer, path = exported
+    old = tmp_path / "old_export"
+    shutil.copytree(path, old)
+    (old / export.INFO_FILE).unlink()
+    (old / "beam_size.txt").write_text("3\n")
+    info = export.read_info(old)
+    assert info["beam_size"] == 3 and info["length_penalty"] is None
+    assert info["signatures"][export.GREEDY] == {"beam_size": 1}
+    greedy = _reference(model, tokenizer, TEXTS, DECODING.greedy())
+    assert _texts(export.load_translator(old, beam_size=1)) == greedy
+    with pytest.raises(ValueError, match="beam_size=4: this export decodes with beam_size=3"):
+        export.load_translator(old, beam_size=4)
+    (old / "beam_size.txt").unlink()  # neither file: only the default signature or greedy
+    assert export.read_info(old)["beam_size"] is None
+    with pytest.raises(ValueError, match="beam_size=3"):
+        export.load_translator(old, beam_size=3)
+
+
+def test_failed_export_leaves_the_previous_export_untouched(exported, tmp_path, monkeypatch):
+    model, tokenizer, path = exported
+    target = tmp_path / "export"
+    shutil.copytree(path, target)
+    before = _snapshot(target)
+
+    def write_half_and_fail(self, filepath, **kwargs):
+        with open(os.path.join(filepath, "saved_model.pb"), "wb") as f:
+            f.write(b"half")
+        raise OSError("disk full")
+
+    archive_class = type(keras.export.ExportArchive())  # the backend's subclass
+    monkeypatch.setattr(archive_class, "write_out", write_half_and_fail)
+    with pytest.raises(OSError, match="disk full"):
+        export.export_translator(model, tokenizer, target, DECODING, jit_compile=False)
+    assert _snapshot(target) == before
+    assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary directory left behind
+    with pytest.raises(OSError, match="disk full"):
+        export.export_translator(model, tokenizer, tmp_path / "new", DECODING, jit_compile=False)
+    assert sorted(os.listdir(tmp_path)) == ["export"]  # nothing half-written at a new path
+
+
+def test_failed_final_move_puts_the_previous_export_back(exported, tmp_path, monkeypatch):
+    model, tokenizer, path = exported
+    target = tmp_path / "export"
+    shutil.copytree(path, target)
+    before = _snapshot(target)
+    replace = os.replace
+
+    def replace_but_not_into_target(src, dst):
+        if os.fspath(dst) == os.fspath(target) and ".export-old-" not in os.fspath(src):
+            raise OSError("device busy")
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_but_not_into_target)
+    with pytest.raises(OSError, match="device busy"):
+        export.export_translator(model, tokenizer, target, DECODING, jit_compile=False)
+    assert _snapshot(target) == before
+    assert sorted(os.listdir(tmp_path)) == ["export"]

@@ -1,0 +1,138 @@
+"""train_nmt.py, train_detr.py and quickstart.py: command line -> config and run options.
+
+The trainers are replaced by recorders, so these run in a second; the real runs are in
+test_detr_scripts.py and tests/nlp/test_nmt_pipeline.py.
+"""
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from nlp import config as nmt_config
+from tfx_transformer.cli import run_cli
+from tfx_transformer.run import RunOptions
+from vision import config as detr_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script(name, trainer_name, monkeypatch):
+    """The script module with its trainer replaced by one that records its arguments."""
+    spec = importlib.util.spec_from_file_location(name[:-3], ROOT / "scripts" / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        return {"score": 1.0}
+
+    monkeypatch.setattr(module, trainer_name, record)
+    return module, calls
+
+
+def test_train_nmt_defaults(monkeypatch, capsys):
+    module, calls = _script("train_nmt.py", "train_nmt", monkeypatch)
+    assert module.main(["--workdir", "w"]) == 0
+    (data, workdir, config, run), kwargs = calls[0]
+    assert (data, workdir, kwargs) == ("embedded", "w", {})
+    assert config == nmt_config.preset("tiny")
+    assert run == RunOptions(eval_limit=module.EVAL_LIMIT)  # NMT scores 1000 pairs by default
+    assert capsys.readouterr().out == "held-out: score 1.0\n"
+
+
+def test_train_nmt_flags(monkeypatch):
+    module, calls = _script("train_nmt.py", "train_nmt", monkeypatch)
+    assert module.main([
+        "--data", "tsv:p.tsv", "--workdir", "w", "--preset", "base", "--epochs", "2",
+        "--max-steps", "9", "--time-budget", "1.5", "--batch-tokens", "512",
+        "--vocab-size", "300", "--max-length", "40", "--strategy", "mirrored",
+        "--mixed-precision", "float16", "--seed", "4", "--valid-fraction", "0.2", "--beam", "2",
+        "--xla"]) == 0
+    (data, _, config, run), _ = calls[0]
+    assert data == "tsv:p.tsv"
+    assert config == nmt_config.preset("base", batch_tokens=512, vocab_size=300, max_length=40,
+                                       beam_size=2)
+    assert config.decoding.beam_size == 2
+    assert run == RunOptions(strategy="mirrored", mixed_precision="float16", epochs=2,
+                             max_steps=9, time_budget=1.5, seed=4, valid_fraction=0.2,
+                             eval_limit=1000, jit_compile=True)
+
+
+def test_train_detr_flags(monkeypatch, tmp_path):
+    module, calls = _script("train_detr.py", "train_detr", monkeypatch)
+    assert module.main([
+        "--workdir", "w", "--preset", "tiny-detr", "--batch-size", "3", "--num-queries", "7",
+        "--learning-rate", "0.001", "--eval-limit", "5", "--max-steps", "2"]) == 0
+    (data, _, config, run), _ = calls[0]
+    base = detr_config.PRESETS["tiny-detr"]
+    assert data == "embedded"
+    assert config == dataclasses.replace(base, batch_size=3, num_queries=7, learning_rate=1e-3)
+    # The backbone's rate is a multiplier of the preset's, so it follows --learning-rate.
+    assert config.backbone_lr_multiplier == base.backbone_lr_multiplier
+    assert run == RunOptions(max_steps=2, eval_limit=5)
+    module.main(["--workdir", "w"])
+    assert calls[1][0][2] == detr_config.preset("tiny") and calls[1][0][3] == RunOptions()
+    weights = tmp_path / "w.h5"
+    weights.write_bytes(b"")
+    module.main(["--workdir", "w", "--preset", "r50", "--backbone-weights", str(weights)])
+    assert calls[2][0][2] == detr_config.preset("r50", backbone_weights=str(weights))
+
+
+@pytest.mark.parametrize("script, trainer, argv", [
+    ("train_nmt.py", "train_nmt", ["--batch-tokens", "0"]),
+    ("train_nmt.py", "train_nmt", ["--beam", "-1"]),
+    ("train_nmt.py", "train_nmt", ["--vocab-size", "x"]),
+    ("train_nmt.py", "train_nmt", ["--eval-limit", "3"]),  # not a flag of this script
+    ("train_detr.py", "train_detr", ["--learning-rate", "0"]),
+    ("train_detr.py", "train_detr", ["--num-queries", "0"]),
+    ("train_detr.py", "train_detr", ["--eval-limit", "-3"]),
+    ("train_detr.py", "train_detr", ["--xla"]),  # not a flag of this script
+    ("train_detr.py", "train_detr", ["--backbone-weights", "/no/such/file.h5"]),
+])
+def test_bad_flags_exit_2_before_training(script, trainer, argv, monkeypatch, capsys):
+    module, calls = _script(script, trainer, monkeypatch)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(["--workdir", "w", *argv])
+    assert exit_info.value.code == 2 and calls == []
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script, trainer", [("train_nmt.py", "train_nmt"),
+                                             ("train_detr.py", "train_detr")])
+def test_out_of_range_run_options_are_one_error_line(script, trainer, monkeypatch, capsys):
+    module, calls = _script(script, trainer, monkeypatch)
+    assert run_cli(module.main, ["--workdir", "w", "--valid-fraction", "1"]) == 2
+    assert calls == []
+    assert capsys.readouterr().err == (
+        "error: `valid_fraction` must be in [0, 1). Received: valid_fraction=1.0\n")
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_quickstart_trains_both_tiny_presets(monkeypatch, tmp_path):
+    module, _ = _script("quickstart.py", "train_nmt", monkeypatch)
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise _Stop  # what follows needs a trained model
+
+    monkeypatch.setattr(module, "train_nmt", record)
+    monkeypatch.setattr(module, "train_detr", record)
+    with pytest.raises(_Stop):
+        module.main(["--minutes", "3", "--workdir", str(tmp_path)])
+    with pytest.raises(_Stop):
+        module.detection(str(tmp_path / "detr"), 1.5)
+    assert calls == [
+        (("embedded", str(tmp_path / "nmt"), nmt_config.preset("tiny"),
+          RunOptions(time_budget=1.5, eval_limit=300)), {}),
+        (("embedded", str(tmp_path / "detr"), detr_config.preset("tiny"),
+          RunOptions(time_budget=1.5, eval_limit=200)), {}),
+    ]
+    with pytest.raises(SystemExit):
+        module.main(["--minutes", "0"])

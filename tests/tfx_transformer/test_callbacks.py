@@ -1,0 +1,164 @@
+"""Tests for tfx_transformer.callbacks: resume, checkpoints, stop rules, history."""
+
+import importlib.util
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from tfx_transformer.callbacks import (
+    MaxSteps,
+    MetricsLogger,
+    TimeBudget,
+    plan_epochs,
+    standard_callbacks,
+)
+from tfx_transformer.workdir import Workdir, read_metrics, write_metrics
+
+X = np.arange(32, dtype="float32").reshape(8, 4) / 32.0
+Y = X.sum(axis=1, keepdims=True)  # 8 examples, batch 4 -> 2 steps per epoch
+
+
+def tiny_model():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    return model
+
+
+class Recorder(keras.callbacks.Callback):
+    """Records epochs and train steps seen, and the weights when training begins."""
+
+    def __init__(self, fail_at_epoch=None, tick=None):
+        super().__init__()
+        self.epochs, self.steps, self.fail_at_epoch, self.tick = [], 0, fail_at_epoch, tick
+
+    def on_train_begin(self, logs=None):
+        self.initial_weights = [w.copy() for w in self.model.get_weights()]
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.fail_at_epoch:
+            raise RuntimeError("killed")
+        self.epochs.append(epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights = [w.copy() for w in self.model.get_weights()]
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+        if self.tick:
+            self.tick()
+
+
+def test_time_budget_stops_at_batch_end_with_injected_clock():
+    now = [0.0]
+    tick = Recorder(tick=lambda: now.__setitem__(0, now[0] + 1.0))  # 1 s per step
+    budget = TimeBudget(minutes=3.0 / 60.0, clock=lambda: now[0])  # 3 s
+    model = tiny_model()
+    history = model.fit(X, Y, batch_size=4, epochs=5, verbose=0, callbacks=[tick, budget])
+    assert tick.steps == 3  # stopped after the 3rd of 10 steps, in epoch 2
+    assert len(history.history["loss"]) == 2
+    assert budget.stopped and "time budget of 0.05 min" in budget.reason
+    assert int(model.optimizer.iterations) == 3
+
+
+def test_time_budget_not_spent_does_not_stop():
+    budget = TimeBudget(minutes=60.0)
+    tiny_model().fit(X, Y, batch_size=4, epochs=2, verbose=0, callbacks=[budget])
+    assert not budget.stopped and budget.reason is None
+
+
+@pytest.mark.parametrize("minutes", [0, -1.0])
+def test_time_budget_must_be_positive(minutes):
+    with pytest.raises(ValueError, match=f"Received: {minutes}"):
+        TimeBudget(minutes)
+
+
+def test_backup_and_restore_resumes_from_next_epoch(tmp_path):
+    killer = Recorder(fail_at_epoch=1)
+    first = tiny_model()
+    with pytest.raises(RuntimeError, match="killed"):
+        first.fit(X, Y, batch_size=4, epochs=3, verbose=0,
+                  callbacks=standard_callbacks(tmp_path) + [killer])
+    assert killer.epochs == [0]
+    assert (tmp_path / "backup" / "latest.weights.h5").exists()
+
+    recorder = Recorder()
+    second = tiny_model()  # fresh weights: only the backup can bring epoch 1's weights back
+    callbacks = standard_callbacks(tmp_path, max_steps=100)
+    history = second.fit(X, Y, batch_size=4, epochs=3, verbose=0,
+                         callbacks=callbacks + [recorder])
+    assert recorder.epochs == [1, 2]
+    assert len(history.history["loss"]) == 2
+    for restored, saved in zip(recorder.initial_weights, killer.weights):
+        np.testing.assert_array_equal(restored, saved)
+    assert int(second.optimizer.iterations) == 6  # optimizer state restored too: 2 + 4 steps
+    assert callbacks[-2].steps == 6  # MaxSteps counts from the restored iteration
+    assert not (tmp_path / "backup").exists()  # a finished fit removes its backup
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == [f"epoch-00{i}.weights.h5" for i in (1, 2, 3)]
+    assert Workdir(tmp_path).latest_checkpoint().name == "epoch-003.weights.h5"
+    metrics = read_metrics(tmp_path)
+    assert [e["epoch"] for e in metrics["history"]] == [1, 2, 3]
+    assert metrics["train"]["last_epoch"] == 3 and metrics["train"]["stopped_by"] is None
+    if importlib.util.find_spec("tensorboard"):
+        assert any((tmp_path / "logs").rglob("*tfevents*"))
+
+
+def test_max_steps_stops_and_is_reported(tmp_path):
+    stale = {"history": [{"epoch": e, "loss": 9.0} for e in (1, 2, 3, 4)], "eval": {"bleu": 1}}
+    write_metrics(tmp_path, stale)  # left by an earlier run in the same workdir
+    recorder = Recorder()
+    model = tiny_model()
+    callbacks = standard_callbacks(tmp_path, time_budget_minutes=60, max_steps=3,
+                                   keep_backup=True, tensorboard=False)
+    assert [type(c).__name__ for c in callbacks] == [
+        "BackupAndRestore", "ModelCheckpoint", "TerminateOnNaN", "TimeBudget", "MaxSteps",
+        "MetricsLogger"]
+    history = model.fit(X, Y, batch_size=4, epochs=5, verbose=0,
+                        callbacks=callbacks + [recorder])
+    assert recorder.steps == 3 and int(model.optimizer.iterations) == 3
+    assert (tmp_path / "backup" / "latest.weights.h5").exists()  # keep_backup=True
+    metrics = read_metrics(tmp_path)
+    assert [e["epoch"] for e in metrics["history"]] == [1, 2]  # this run's epochs replace
+    assert [e["loss"] for e in metrics["history"]] == pytest.approx(history.history["loss"])
+    assert metrics["eval"] == {"bleu": 1}
+    train = metrics["train"]
+    assert train["stopped_by"] == "max_steps=3 reached" and train["last_epoch"] == 2
+
+
+def test_non_chief_workers_do_not_write(tmp_path, monkeypatch):
+    config = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    callbacks = standard_callbacks(tmp_path, max_steps=2, tensorboard=True)
+    names = [type(c).__name__ for c in callbacks]
+    assert "TensorBoard" not in names and names[-1] == "MetricsLogger"
+    assert callbacks[0].backup_dir == str(tmp_path / "backup-worker-1")
+    assert str(tmp_path) not in callbacks[1].filepath  # checkpoints go to a temporary dir
+    tiny_model().fit(X, Y, batch_size=4, epochs=3, verbose=0, callbacks=callbacks)
+    assert not (tmp_path / "metrics.json").exists()
+    assert not any((tmp_path / "checkpoints").iterdir())
+
+
+def test_metrics_logger_reports_every_stopper(tmp_path):
+    calls = []  # 0 s when training begins, 61 s at the first batch end
+
+    def clock():
+        calls.append(None)
+        return 0.0 if len(calls) == 1 else 61.0
+
+    budget, steps = TimeBudget(1.0, clock=clock), MaxSteps(1)
+    logger = MetricsLogger(tmp_path, [budget, steps])
+    tiny_model().fit(X, Y, batch_size=4, epochs=1, verbose=0, callbacks=[budget, steps, logger])
+    train = read_metrics(tmp_path)["train"]
+    assert train["stopped_by"] == "time budget of 1 min spent (61.0 s); max_steps=1 reached"
+
+
+def test_plan_epochs():
+    assert plan_epochs(10, None, 5) == 10
+    assert plan_epochs(10, 12, 5) == 3
+    assert plan_epochs(2, 100, 5) == 2
+    assert plan_epochs(10, 12, None) == 10
+    assert plan_epochs(10, 3, 5) == 1
+    with pytest.raises(ValueError, match="max_steps"):
+        MaxSteps(0)

@@ -1,0 +1,179 @@
+"""The Keras callbacks every trainer passes to `fit`: resume, checkpoints, logs, stop rules.
+
+`standard_callbacks` assembles them; `TimeBudget` and `MaxSteps` stop a run cleanly (the
+trainer still exports and evaluates), `MetricsLogger` writes the history to ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import keras
+
+from tfx_transformer.distribute import is_chief, task_index
+from tfx_transformer.workdir import Workdir, read_metrics, to_json, write_metrics
+
+__all__ = ["MaxSteps", "MetricsLogger", "TimeBudget", "plan_epochs", "standard_callbacks"]
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stops `fit` cleanly at the first batch end after ``minutes`` of wall-clock time.
+
+    The clock starts at ``on_train_begin``. After a stop, ``stopped`` is True and ``reason``
+    says why; the caller still evaluates and exports.
+
+    Args:
+        minutes: the budget, > 0.
+        clock: seconds as a float; injectable for tests. Defaults to `time.monotonic`.
+    """
+
+    def __init__(self, minutes: float, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        if not minutes > 0:
+            raise ValueError(f"`time_budget` must be > 0 minutes. Received: {minutes!r}")
+        self.minutes, self.clock = float(minutes), clock
+        self.stopped, self.reason, self.start = False, None, None
+
+    def on_train_begin(self, logs=None):
+        self.start, self.stopped, self.reason = self.clock(), False, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        elapsed = self.clock() - self.start
+        if elapsed >= 60.0 * self.minutes and not self.stopped:
+            self.model.stop_training = self.stopped = True
+            self.reason = f"time budget of {self.minutes:g} min spent ({elapsed:.1f} s)"
+
+
+class MaxSteps(keras.callbacks.Callback):
+    """Stops `fit` once the optimizer has taken ``max_steps`` steps in total.
+
+    Steps count from ``model.optimizer.iterations`` at train begin, so a run resumed by
+    `BackupAndRestore` (which restores the optimizer) keeps counting where it stopped.
+    """
+
+    def __init__(self, max_steps: int):
+        super().__init__()
+        if not (isinstance(max_steps, int) and max_steps > 0):
+            raise ValueError(f"`max_steps` must be a positive int. Received: {max_steps!r}")
+        self.max_steps, self.steps, self.stopped, self.reason = max_steps, 0, False, None
+
+    def on_train_begin(self, logs=None):
+        optimizer = getattr(self.model, "optimizer", None)
+        self.steps = int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer else 0
+        self.stopped, self.reason = False, None
+        self._epoch_start = self.steps
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self.steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps = self._epoch_start + batch + 1  # `batch` is the epoch's last step index.
+        if self.steps >= self.max_steps and not self.stopped:
+            self.model.stop_training = self.stopped = True
+            self.reason = f"max_steps={self.max_steps} reached"
+
+
+def plan_epochs(epochs: int, max_steps: int | None, steps_per_epoch: int | None) -> int:
+    """Epochs to pass to `fit`: no more than ``max_steps`` needs when the epoch length is known.
+
+    Use with `MaxSteps` (in `standard_callbacks`), which stops at the exact step.
+    """
+    if max_steps is None or not steps_per_epoch or steps_per_epoch < 0:
+        return epochs
+    return max(1, min(epochs, math.ceil(max_steps / steps_per_epoch)))
+
+
+class MetricsLogger(keras.callbacks.Callback):
+    """Writes each epoch's logs to ``metrics.json["history"]`` and a ``"train"`` summary.
+
+    History entries are keyed by 1-based ``epoch``; a resumed or restarted run replaces the
+    entries from its first epoch on. Only the chief writes.
+
+    Args:
+        workdir: the work directory.
+        stoppers: callbacks with ``stopped``/``reason`` (`TimeBudget`, `MaxSteps`) to report.
+    """
+
+    def __init__(self, workdir: Workdir | str | os.PathLike, stoppers: Iterable = ()):
+        super().__init__()
+        self.workdir, self.stoppers, self.write = workdir, list(stoppers), is_chief()
+
+    def on_train_begin(self, logs=None):
+        self._start, self.last_epoch = time.monotonic(), None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.last_epoch = epoch + 1
+        if not self.write:
+            return
+        # Keep earlier epochs only: drops a stale entry for this epoch and anything after it.
+        old = [e for e in read_metrics(self.workdir).get("history", []) if e["epoch"] <= epoch]
+        entry = {"epoch": epoch + 1, "elapsed_s": round(time.monotonic() - self._start, 3)}
+        write_metrics(self.workdir, {"history": old + [to_json({**entry, **(logs or {})})]})
+
+    def on_train_end(self, logs=None):
+        reasons = [s.reason for s in self.stoppers if getattr(s, "stopped", False)]
+        if self.write:
+            write_metrics(self.workdir, {"train": {
+                "last_epoch": self.last_epoch, "stopped_by": "; ".join(reasons) or None,
+                "elapsed_s": round(time.monotonic() - self._start, 3),
+                "final_logs": logs or {}}})
+
+
+def standard_callbacks(
+    workdir: Workdir | str | os.PathLike,
+    time_budget_minutes: float | None = None,
+    max_steps: int | None = None,
+    *,
+    keep_backup: bool = False,
+    tensorboard: bool | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[keras.callbacks.Callback]:
+    """The callbacks every trainer passes to `fit`, in order.
+
+    `BackupAndRestore(DIR/backup)` (first, so later callbacks see the restored state; the
+    model must be built before `fit`), `ModelCheckpoint` of weights every epoch into
+    ``DIR/checkpoints/epoch-NNN.weights.h5``, `TerminateOnNaN`, `TensorBoard(DIR/logs)`,
+    `TimeBudget` and `MaxSteps` when asked, and `MetricsLogger`. Non-chief workers back up to
+    ``DIR/backup-worker-N`` and write checkpoints to a temporary directory, logs not at all.
+
+    Args:
+        workdir: the work directory.
+        time_budget_minutes: stop after this much wall-clock time (None: no budget).
+        max_steps: stop after this many optimizer steps in total (None: no limit).
+        keep_backup: keep ``DIR/backup`` after a finished `fit` (Keras deletes it by default).
+        tensorboard: include the `TensorBoard` callback; None (default): when the
+            ``tensorboard`` package is installed (TensorFlow 2.21 no longer depends on it).
+        clock: clock for `TimeBudget`.
+    """
+    workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
+    chief = is_chief()
+    backup, checkpoints = workdir.backup, workdir.checkpoints
+    if not chief:
+        backup = workdir.root / f"backup-worker-{task_index()}"
+        checkpoints = Path(tempfile.mkdtemp(prefix="tfx-checkpoints-"))
+    callbacks = [
+        keras.callbacks.BackupAndRestore(str(backup), delete_checkpoint=not keep_backup),
+        keras.callbacks.ModelCheckpoint(
+            str(checkpoints / "epoch-{epoch:03d}.weights.h5"), save_weights_only=True
+        ),
+        keras.callbacks.TerminateOnNaN(),
+    ]
+    if tensorboard is None:
+        tensorboard = importlib.util.find_spec("tensorboard") is not None
+        if not tensorboard:
+            logging.getLogger(__name__).warning("`tensorboard` is not installed: no DIR/logs")
+    if tensorboard and chief:
+        callbacks.append(keras.callbacks.TensorBoard(str(workdir.logs)))
+    stoppers = []
+    if time_budget_minutes is not None:
+        stoppers.append(TimeBudget(time_budget_minutes, clock=clock))
+    if max_steps is not None:
+        stoppers.append(MaxSteps(max_steps))
+    return callbacks + stoppers + [MetricsLogger(workdir, stoppers)]

@@ -1,0 +1,85 @@
+"""How a training run runs, whatever it trains: one frozen dataclass shared by the trainers.
+
+The model's hyperparameters live in the application's config (`nlp.config.NMTConfig`,
+`vision.config.DetrConfig`); `RunOptions` holds the rest: where it runs, how long, which seed,
+how much data is held out and scored. Both are validated once, when they are created.
+
+Example:
+    >>> RunOptions(max_steps=100, seed=1).fit_epochs(default=10)
+    100000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfx_transformer.distribute import STRATEGIES
+from tfx_transformer.precision import MIXED_PRECISION
+
+__all__ = ["LONG_RUN_EPOCHS", "RunOptions"]
+
+LONG_RUN_EPOCHS = 100_000  # with a time budget or step limit, those decide when to stop
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """The options of one training run (the ``--strategy``, ``--epochs``, ... flags).
+
+    Raises:
+        ValueError: on creation, for any field out of range; the message names the field and
+            the value received.
+    """
+
+    strategy: str = "auto"  # "auto", "mirrored" or "multi_worker" (`distribute.get_strategy`)
+    mixed_precision: str = "none"  # "none", "bfloat16" or "float16"
+    # None: the trainer's default (the preset's), or unbounded with max_steps / time_budget.
+    epochs: int | None = None
+    max_steps: int | None = None  # stop after this many optimizer steps in total
+    time_budget: float | None = None  # minutes of training; then export and evaluate as usual
+    seed: int = 0  # weights, shuffling, augmentation, embedded data
+    valid_fraction: float = 0.05  # held-out share of a file source (tsv:, coco:)
+    eval_limit: int | None = None  # validate and evaluate on at most this many examples
+    # XLA-compile the train step. Off by default: NMT's bucket shapes each compile anew, and
+    # DETR's scipy matcher is a host callback.
+    jit_compile: bool = False
+
+    def __post_init__(self):
+        def bad(name: str, rule: str):
+            value = getattr(self, name)
+            raise ValueError(f"`{name}` must be {rule}. Received: {name}={value!r}")
+
+        if self.strategy not in STRATEGIES:
+            bad("strategy", f"one of {STRATEGIES}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            bad("mixed_precision", f"one of {tuple(MIXED_PRECISION)}")
+        for name in ("epochs", "max_steps", "eval_limit"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and value > 0):
+                bad(name, "None or a positive integer")
+        budget = self.time_budget
+        if budget is not None and not (
+                isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0):
+            bad("time_budget", "None or a positive number of minutes")
+        if not _is_int(self.seed):
+            bad("seed", "an integer")
+        fraction = self.valid_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
+                0.0 <= fraction < 1.0):
+            bad("valid_fraction", "in [0, 1)")
+        if not isinstance(self.jit_compile, bool):
+            bad("jit_compile", "True or False")
+
+    @property
+    def bounded(self) -> bool:
+        """True when ``max_steps`` or ``time_budget`` decides when training stops."""
+        return self.max_steps is not None or self.time_budget is not None
+
+    def fit_epochs(self, default: int) -> int:
+        """``epochs``; if None, `LONG_RUN_EPOCHS` for a bounded run, else ``default``."""
+        if self.epochs is not None:
+            return self.epochs
+        return LONG_RUN_EPOCHS if self.bounded else default

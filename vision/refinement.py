@@ -1,0 +1,171 @@
+"""The decoder side of DETR: how the decoder layers are positioned and boxes predicted.
+
+Two strategies with one contract, ``decoding(decoder, box_head, queries, start, memory,
+memory_pos, feature_valid) -> DecodedQueries``:
+
+- `StaticReferences`: every layer is positioned by the query strategy's output (one call of
+  the decoder stack); each layer's box is an offset from the reference, if there is one.
+- `IterativeRefinement`: the layers one by one; layer ``i`` is positioned by the boxes of
+  layer ``i - 1`` (Deformable DETR's iterative box refinement with DAB-DETR's box position
+  embedding), using only the decoder's public ``layers`` and ``normalize``.
+
+Both own the cross-attention window (``attention_radius``): each query attends only to the
+feature cells within that distance of its reference point. ``keras.ops`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from keras import ops
+
+from vision.geometry import near_points
+
+__all__ = ["BoxDecoding", "DecodedQueries", "IterativeRefinement", "StaticReferences",
+           "make_box_decoding"]
+
+
+class DecodedQueries(NamedTuple):
+    """The decoder's result for ``L`` layers, ``B`` images, ``Q`` queries.
+
+    Attributes:
+        hidden: ``(L, B, Q, d)`` every layer's output after the decoder's final norm.
+        boxes: ``(L, B, Q, 4)`` float32 normalized cxcywh boxes of every layer.
+        attention: ``(L, B, heads, Q, S)`` cross-attention weights, or ``None`` unless asked.
+    """
+
+    hidden: Any
+    boxes: Any
+    attention: Any | None
+
+
+def _offsets(reference):
+    """``(B, Q, 2)`` point or ``(B, Q, 4)`` box logits -> ``(B, Q, 4)`` box offsets."""
+    if reference.shape[-1] == 2:  # points shift the centres only
+        return ops.pad(reference, [[0, 0], [0, 0], [0, 2]])
+    return reference
+
+
+class BoxDecoding:
+    """How the decoder turns the queries into boxes; owns the cross-attention window.
+
+    Args:
+        attention_radius: limit each query's cross-attention to the cells within this
+            distance (normalized, per axis) of its reference point; ``None``: the whole image.
+
+    Call arguments:
+        decoder: a `tfx_transformer.TransformerDecoder` with a final norm and
+            ``return_intermediate=True``.
+        box_head: ``(..., d)`` -> ``(..., 4)`` box logits (`vision.heads.MLP`).
+        queries: the query strategy layer (its ``embed`` positions refined boxes).
+        start: its `vision.queries.QueryOutput`.
+        memory: ``(B, S, d)`` encoder output; memory_pos: ``(B, S, d)`` its positions.
+        feature_valid: ``(B, h, w)`` bool validity of the feature cells (``S = h * w``).
+        return_cross_attention: also return the cross-attention weights.
+        training: enables dropout.
+
+    Returns:
+        `DecodedQueries`.
+    """
+
+    def __init__(self, attention_radius: float | None = None):
+        self.attention_radius = attention_radius
+
+    def memory_mask(self, feature_valid, reference):
+        """``(B, S)`` cell validity, or ``(B, Q, S)`` the valid cells near each reference."""
+        if self.attention_radius is None:
+            return ops.reshape(feature_valid, (ops.shape(feature_valid)[0], -1))
+        points = ops.sigmoid(reference[..., :2])  # (B, Q, 2) cx, cy
+        return near_points(feature_valid, points, self.attention_radius)
+
+    def __call__(self, decoder, box_head, queries, start, memory, memory_pos, feature_valid,
+                 return_cross_attention: bool = False, training=None) -> DecodedQueries:
+        raise NotImplementedError
+
+
+class StaticReferences(BoxDecoding):
+    """All decoder layers positioned by the query strategy's output, in one stack call.
+
+    Each layer's box is an offset (logit space) from the strategy's reference, if it has
+    one. Arguments and results as `BoxDecoding`.
+    """
+
+    def __call__(self, decoder, box_head, queries, start, memory, memory_pos, feature_valid,
+                 return_cross_attention: bool = False, training=None) -> DecodedQueries:
+        decoded = decoder(
+            start.content, memory, memory_mask=self.memory_mask(feature_valid, start.reference),
+            query_pos=start.position, memory_pos=memory_pos,
+            return_cross_attention=return_cross_attention, training=training,
+        )  # output (L, B, Q, d), attention (L, B, heads, Q, S) or None
+        boxes = ops.cast(box_head(decoded.output), "float32")  # (L, B, Q, 4) logits
+        if start.reference is not None:
+            boxes = boxes + _offsets(start.reference)  # broadcasts over L
+        return DecodedQueries(decoded.output, ops.sigmoid(boxes), decoded.attention)
+
+
+class IterativeRefinement(BoxDecoding):
+    """The decoder layers one by one, each refining the boxes of the previous one.
+
+    Layer ``i`` is positioned by the boxes of layer ``i - 1`` (the query strategy's
+    reference boxes and position for the first): its query position is
+    ``queries.embed(boxes)`` and its attention window is centred on them, and its box is
+    predicted as an offset from them in logit space. No gradient flows through the boxes from
+    one layer to the next. Needs a query strategy with reference boxes (``reference_size``
+    4). Arguments and results as `BoxDecoding`.
+    """
+
+    def __call__(self, decoder, box_head, queries, start, memory, memory_pos, feature_valid,
+                 return_cross_attention: bool = False, training=None) -> DecodedQueries:
+        x, position, reference = start.content, start.position, start.reference
+        hidden, boxes, attention = [], [], []
+        for i, layer in enumerate(decoder.layers):
+            if i:
+                position = queries.embed(ops.sigmoid(reference))  # (B, Q, d)
+            out = layer(
+                x, memory, memory_mask=self.memory_mask(feature_valid, reference),
+                query_pos=position, memory_pos=memory_pos,
+                return_cross_attention=return_cross_attention, training=training,
+            )
+            x = out.output  # (B, Q, d)
+            h = decoder.normalize(x)  # as the stack's intermediate outputs
+            box = ops.cast(box_head(h), "float32") + reference  # (B, Q, 4) logits
+            hidden.append(h)
+            boxes.append(ops.sigmoid(box))
+            attention.append(out.attention)
+            reference = ops.stop_gradient(box)
+        attention = ops.stack(attention, axis=0) if return_cross_attention else None
+        return DecodedQueries(ops.stack(hidden, axis=0), ops.stack(boxes, axis=0), attention)
+
+
+def make_box_decoding(box_refinement: bool, attention_radius: float | None,
+                      reference_size: int, query_type: str = "") -> BoxDecoding:
+    """The decoding strategy, after checking it fits the query strategy.
+
+    Args:
+        box_refinement: `IterativeRefinement` if True, else `StaticReferences`.
+        attention_radius: None or a positive number.
+        reference_size: the query strategy's ``reference_size`` (0, 2 or 4).
+        query_type: its name, for the error messages.
+
+    Raises:
+        ValueError: refinement without reference boxes, a radius without reference points,
+            or a bad value (the message names the argument and the value).
+    """
+    if not isinstance(box_refinement, bool):
+        raise ValueError(f"`box_refinement` must be a bool. Received: {box_refinement!r}")
+    if box_refinement and reference_size != 4:
+        raise ValueError(
+            "`box_refinement` needs a `query_type` with reference boxes (e.g. 'encoder'). "
+            f"Received: box_refinement=True, query_type={query_type!r}"
+        )
+    if attention_radius is not None and (
+        isinstance(attention_radius, bool) or not isinstance(attention_radius, (int, float))
+        or not attention_radius > 0 or reference_size == 0
+    ):
+        raise ValueError(
+            "`attention_radius` must be None or a positive number, and needs a "
+            "`query_type` with reference points ('reference' or 'encoder'). Received: "
+            f"attention_radius={attention_radius!r}, query_type={query_type!r}"
+        )
+    radius = None if attention_radius is None else float(attention_radius)
+    return (IterativeRefinement if box_refinement else StaticReferences)(radius)
