@@ -8,15 +8,19 @@ what a translator decodes with, and ``search`` runs the search those settings as
 Conventions shared by both:
 
 * ``pad``, ``bos`` and ``unk`` are never generated;
-* at most ``max_length`` tokens are generated, eos included: the last step may only be eos;
-* the output is ``(B, max_length)`` ids without the leading bos, eos then pad after the end.
+* each sentence gets at most its own limit of tokens, eos included: its source length (the
+  non-pad ids, eos included) + ``extra_length``, or ``max_length`` when one is given; its last
+  step may only be eos. So a sentence decodes the same alone and in a batch with longer ones
+  (padding is masked and changes no limit);
+* the output is ``(B, N)`` ids without the leading bos, eos then pad after the end, where
+  ``N = S + extra_length`` (``S`` the padded source width) or ``max_length``.
 
 Beam search keeps ``K = beam_size`` live hypotheses. Every step scores all ``K·V`` extensions
 by total log-probability; extensions ending in eos that rank in the top ``K`` become finished
 hypotheses, scored with the GNMT length penalty ``log p / ((5 + n) / 6) ** length_penalty``
 (``n`` tokens, eos included); the ``K`` best extensions not ending in eos stay live. The search
 stops for a sentence once no live hypothesis can beat its best finished one (``log p`` only
-falls, so ``log p / lp(max_length)`` bounds it). With ``beam_size=1`` and
+falls, so ``log p / lp(limit)`` bounds it). With ``beam_size=1`` and
 ``length_penalty=0`` this is exactly greedy search; with a beam at least as wide as the number
 of hypotheses it is exact.
 """
@@ -74,22 +78,31 @@ def _penalty(length, length_penalty: float):
     return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, length_penalty)
 
 
-def _restrict(logits, step, max_length):
-    """Forbids pad/bos/unk everywhere and everything but eos at the last step."""
+def _restrict(logits, step, limit):
+    """Forbids pad/bos/unk everywhere, and all but eos from a row's last step on.
+
+    ``logits`` ``(R, V)``; ``limit`` ``(R,)``: each row's most tokens, eos included.
+    """
     vocab = ops.arange(ops.shape(logits)[-1])
     banned = (vocab == PAD_ID) | (vocab == BOS_ID) | (vocab == UNK_ID)
-    last = ops.equal(step, max_length - 1)
+    last = ops.greater_equal(step, limit - 1)[:, None]  # (R, 1)
     banned = banned | (last & (vocab != EOS_ID))
     return ops.where(banned, NEG, ops.cast(logits, "float32"))
 
 
 def _prepare(model, source, max_length, extra_length):
+    """The source as int32, the batch size, the buffer length ``N``, each sentence's limit
+    ``(B,)`` (its own length + ``extra_length``, or ``max_length``) and the encoder output."""
     source = ops.cast(source, "int32")
     batch = ops.shape(source)[0]
     if max_length is None:
+        lengths = ops.sum(ops.cast(ops.not_equal(source, PAD_ID), "int32"), axis=1)
+        limit = lengths + extra_length
         max_length = ops.shape(source)[1] + extra_length
+    else:
+        limit = ops.full((batch,), max_length, "int32")
     memory, memory_mask = model.encode(source)
-    return source, batch, max_length, memory, memory_mask
+    return source, batch, max_length, limit, memory, memory_mask
 
 
 def _start_tokens(batch, max_length, beam_size=None):
@@ -109,13 +122,14 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50):
     Args:
         model: a ``Seq2SeqTransformer``.
         source: ``(B, S)`` int ids (pad 0, eos-terminated).
-        max_length: most tokens to generate (default ``S + extra_length``).
+        max_length: most tokens to generate for every sentence; default: each sentence's
+            source length (non-pad ids) + ``extra_length``.
         extra_length: see ``max_length``.
 
     Returns:
-        ``(B, max_length)`` int32 ids.
+        ``(B, N)`` int32 ids, ``N = max_length`` or ``S + extra_length``.
     """
-    source, batch, max_length, memory, memory_mask = _prepare(
+    source, batch, max_length, limit, memory, memory_mask = _prepare(
         model, source, max_length, extra_length
     )
     cross = model.decoder.compute_cross_attention_cache(memory)
@@ -127,7 +141,7 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50):
     def body(i, tokens, cache, finished):
         current = ops.slice(tokens, [0, i], [batch, 1])  # (B, 1)
         logits, cache = model.decode_step(current, i, cache, cross, memory_mask)
-        nxt = ops.cast(ops.argmax(_restrict(logits, i, max_length), axis=-1), "int32")
+        nxt = ops.cast(ops.argmax(_restrict(logits, i, limit), axis=-1), "int32")
         nxt = ops.where(finished, PAD_ID, nxt)
         tokens = ops.slice_update(tokens, [0, i + 1], nxt[:, None])
         return i + 1, tokens, cache, finished | (nxt == EOS_ID)
@@ -144,7 +158,7 @@ def greedy_search_uncached(model, source, max_length=None, extra_length: int = 5
     The usual tutorial way; kept as the reference that cached decoding must equal, and as the
     baseline of ``benchmarks/nmt.py``. Same arguments and result as ``greedy_search``.
     """
-    source, batch, max_length, memory, memory_mask = _prepare(
+    source, batch, max_length, limit, memory, memory_mask = _prepare(
         model, source, max_length, extra_length
     )
 
@@ -154,7 +168,7 @@ def greedy_search_uncached(model, source, max_length=None, extra_length: int = 5
     def body(i, tokens, finished):
         prefix = ops.slice(tokens, [0, 0], [batch, i + 1])  # (B, i + 1)
         logits = model.decode(prefix, memory, memory_mask)[:, -1]
-        nxt = ops.cast(ops.argmax(_restrict(logits, i, max_length), axis=-1), "int32")
+        nxt = ops.cast(ops.argmax(_restrict(logits, i, limit), axis=-1), "int32")
         nxt = ops.where(finished, PAD_ID, nxt)
         tokens = ops.slice_update(tokens, [0, i + 1], nxt[:, None])
         return i + 1, tokens, finished | (nxt == EOS_ID)
@@ -174,17 +188,18 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
         source: ``(B, S)`` int ids.
         beam_size: ``K``.
         length_penalty: length-penalty exponent (0 = plain log-probability).
-        max_length: most tokens to generate (default ``S + extra_length``).
+        max_length: most tokens to generate for every sentence; default: each sentence's
+            source length (non-pad ids) + ``extra_length``.
         extra_length: see ``max_length``.
         return_scores: also return the best hypotheses' scores ``(B,)``.
 
     Returns:
-        ``(B, max_length)`` int32 ids of the best hypothesis per sentence (and the scores
-        ``(B,)`` with ``return_scores``).
+        ``(B, N)`` int32 ids (``N = max_length`` or ``S + extra_length``) of the best
+        hypothesis per sentence (and the scores ``(B,)`` with ``return_scores``).
     """
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"`beam_size` must be an integer >= 1. Received: beam_size={beam_size!r}")
-    source, batch, max_length, memory, memory_mask = _prepare(
+    source, batch, max_length, limit, memory, memory_mask = _prepare(
         model, source, max_length, extra_length
     )
     cross = model.decoder.compute_cross_attention_cache(memory)
@@ -192,7 +207,8 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
     memory_mask = ops.repeat(memory_mask, beam_size, axis=0)  # (B·K, S)
     cache = model.decoder.empty_cache(batch * beam_size, max_length)  # (B·K, L, 2, N, H, D)
     vocab = model.vocab_size
-    max_penalty = _penalty(max_length, length_penalty)
+    max_penalty = _penalty(limit, length_penalty)  # (B,): the bound of each sentence
+    beam_limit = ops.repeat(limit, beam_size, axis=0)  # (B·K,)
     rows = ops.arange(batch, dtype="int32")[:, None] * beam_size  # (B, 1)
 
     def pick(x, parent):  # x (B·K, ...); parent (B, K') beam index in [0, K)
@@ -208,7 +224,7 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
         current = ops.slice(alive_seq, [0, 0, i], [batch, beam_size, 1])  # (B, K, 1)
         current = ops.reshape(current, (-1, 1))  # (B·K, 1)
         logits, cache = model.decode_step(current, i, cache, cross, memory_mask)
-        logp = ops.log_softmax(_restrict(logits, i, max_length), axis=-1)  # (B·K, V)
+        logp = ops.log_softmax(_restrict(logits, i, beam_limit), axis=-1)  # (B·K, V)
         cand = alive_logp[..., None] + ops.reshape(logp, (batch, beam_size, vocab))  # (B, K, V)
         flat = ops.reshape(cand, (batch, beam_size * vocab))
 
@@ -260,10 +276,11 @@ def search(model, source, settings: DecodingSettings, max_length=None):
         model: a ``Seq2SeqTransformer``.
         source: ``(B, S)`` int ids.
         settings: the ``DecodingSettings``.
-        max_length: most tokens to generate (default ``S + settings.extra_length``).
+        max_length: most tokens to generate for every sentence; default: each sentence's
+            source length (non-pad ids) + ``settings.extra_length``.
 
     Returns:
-        ``(B, max_length)`` int32 ids.
+        ``(B, N)`` int32 ids (``N = max_length`` or ``S + extra_length``).
     """
     if not isinstance(settings, DecodingSettings):
         raise TypeError("`settings` must be a DecodingSettings. "

@@ -18,7 +18,15 @@ __all__ = ["translate_all", "score", "evaluate"]
 
 def translate_all(translate: Callable, sources: Sequence[str], batch_size: int = 64,
                   progress: bool = True) -> list[str]:
-    """Translates ``sources`` in batches of similar length, keeping their order."""
+    """Translates ``sources`` in batches of similar length, keeping their order.
+
+    Raises:
+        ValueError: ``batch_size`` is not a positive integer.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"`batch_size` must be an integer >= 1. Received: batch_size={batch_size!r}"
+        )
     order = np.argsort([len(s) for s in sources], kind="stable")
     out: list[str] = [""] * len(sources)
     bar = keras.utils.Progbar(len(sources), unit_name="sentence") if progress else None

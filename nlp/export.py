@@ -36,6 +36,7 @@ __all__ = [
     "GREEDY",
     "INFO_FILE",
     "INPUT_KEY",
+    "NotATranslatorError",
     "OUTPUT_KEY",
     "SERVING",
     "export_translator",
@@ -52,6 +53,24 @@ INFO_FILE = "translator.json"
 LEGACY_BEAM_FILE = "beam_size.txt"  # what exports had before INFO_FILE
 FORMAT_VERSION = 1
 SOURCE_LENGTH_MULTIPLE = 16  # with XLA, sources are padded to this so few shapes compile
+DETECTOR_FILE = "classes.json"  # what a detector export has (vision.export.CLASSES_FILE)
+
+
+class NotATranslatorError(ValueError):
+    """``path`` holds no exported translator; ``reason`` says what is there instead.
+
+    ``str(error)`` is ``"PATH REASON"``, e.g. "runs/detr/export is a detector export (has
+    classes.json), not a translator"; a script puts its flag in front: ``f"--model {error}"``.
+
+    Attributes:
+        path: the directory that was given.
+        reason: what it is, or what it lacks.
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"{self.path} {reason}")
 
 
 def _check_decoding(decoding) -> None:
@@ -70,8 +89,10 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
     translates; an empty string translates to (usually) an empty string.
 
     With ``jit_compile`` the search loop is XLA-compiled (tokenization stays outside XLA);
-    sources are padded to a multiple of 16 tokens so that few shapes compile. Padding is
-    masked, so it changes nothing but the decoding length limit (``S + extra_length``).
+    sources are padded to a multiple of 16 tokens so that few shapes compile. Padding changes
+    nothing: it is masked, and each sentence decodes at most its own source length (eos
+    included) + ``extra_length`` tokens, so a sentence translates the same alone and in any
+    batch.
 
     Args:
         model: a ``Seq2SeqTransformer``.
@@ -193,6 +214,23 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
     return path
 
 
+def _check_export_dir(path: str) -> None:
+    """Raises `NotATranslatorError` unless ``path`` is a SavedModel directory of no detector."""
+    expected = "(expected DIR/export of a trained translator)"
+    if not os.path.exists(path):
+        raise NotATranslatorError(path, f"does not exist {expected}")
+    if not os.path.isdir(path):
+        raise NotATranslatorError(path, f"is a file, not an export directory {expected}")
+    if os.path.isfile(os.path.join(path, DETECTOR_FILE)):
+        raise NotATranslatorError(path, f"is a detector export (has {DETECTOR_FILE}), not a "
+                                        "translator: use scripts/detect.py")
+    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+        hint = expected
+        if os.path.isfile(os.path.join(path, "export", "saved_model.pb")):
+            hint = f"(a work directory? its export is {os.path.join(path, 'export')})"
+        raise NotATranslatorError(path, f"has no saved_model.pb, so it is no export {hint}")
+
+
 def read_info(path: str | os.PathLike) -> dict:
     """The export's ``translator.json`` as a dict.
 
@@ -201,18 +239,22 @@ def read_info(path: str | os.PathLike) -> dict:
     ``extra_length``, ``vocab_size``; ``beam_size`` too when there is no such file).
 
     Raises:
-        ValueError: If ``path`` is not an exported translator or its info file is unreadable.
+        NotATranslatorError: ``path`` is missing, a file, a detector export or no SavedModel.
+        ValueError: its info file is unreadable.
     """
     path = os.fspath(path)
-    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
-        raise ValueError(f"No exported model at {path!r} (expected DIR/export, a SavedModel).")
+    _check_export_dir(path)
     info_file = os.path.join(path, INFO_FILE)
     if os.path.isfile(info_file):
         try:
             with open(info_file, encoding="utf-8") as f:
-                return json.load(f)
+                info = json.load(f)
         except (ValueError, UnicodeDecodeError) as error:
             raise ValueError(f"{info_file} is not valid JSON: {error}") from None
+        if not isinstance(info, dict) or not isinstance(info.get("beam_size"), int):
+            raise ValueError(f"{info_file} must hold a JSON object with an integer "
+                             f"'beam_size'. Received: {json.dumps(info)[:80]}")
+        return info
     legacy = os.path.join(path, LEGACY_BEAM_FILE)
     beam_size = None
     if os.path.isfile(legacy):
@@ -234,6 +276,33 @@ def read_info(path: str | os.PathLike) -> dict:
     }
 
 
+def _signature(path: str, name: str, input_key: str, output_key: str):
+    """The signature ``name`` of the SavedModel at ``path``, checked to map strings to strings."""
+    try:
+        signatures = tf.saved_model.load(path).signatures
+    except (OSError, ValueError, tf.errors.OpError) as error:
+        reason = " ".join(str(error).split())[:200]
+        raise NotATranslatorError(path, f"is not a loadable SavedModel: {reason}") from None
+    except Exception as error:  # e.g. protobuf's DecodeError for a corrupt saved_model.pb
+        if "DecodeError" not in type(error).__name__:
+            raise
+        raise NotATranslatorError(path, "has a corrupt saved_model.pb") from None
+    if name not in signatures:
+        raise NotATranslatorError(path, f"has no {name!r} signature (it has "
+                                        f"{sorted(signatures)}), so it is no translator export")
+    serve = signatures[name]
+    inputs = serve.structured_input_signature[1]
+    if input_key not in inputs or inputs[input_key].dtype != tf.string:
+        raise NotATranslatorError(
+            path, f"has no {input_key!r} signature input (its {name!r} takes "
+                  f"{sorted(inputs)}), so it is no translator export")
+    if output_key not in serve.structured_outputs:
+        raise NotATranslatorError(
+            path, f"has no {output_key!r} signature output (its {name!r} returns "
+                  f"{sorted(serve.structured_outputs)}), so it is no translator export")
+    return serve
+
+
 def load_translator(path: str | os.PathLike,
                     beam_size: int | None = None) -> Callable[[tf.Tensor], tf.Tensor]:
     """Loads an exported translator; returns ``text (N,) tf.string -> (N,) tf.string``.
@@ -243,19 +312,22 @@ def load_translator(path: str | os.PathLike,
         beam_size: ``None`` or the exported width: ``SERVING`` (beam search); 1: ``GREEDY``.
 
     Raises:
-        ValueError: If ``path`` is not an export, or it does not decode with ``beam_size``.
+        NotATranslatorError: ``path`` is no translator export (missing, a detector export, a
+            SavedModel without a ``text`` → ``translation`` signature...); names what it is.
+        ValueError: it does not decode with ``beam_size``, or its info file is unreadable.
     """
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
     if beam_size is not None and (isinstance(beam_size, bool) or not isinstance(beam_size, int)
                                   or beam_size < 1):
         raise ValueError(f"`beam_size` must be an integer >= 1. Received: beam_size={beam_size!r}")
+    path = os.fspath(path)
     info = read_info(path)
     exported = info["beam_size"]
     if beam_size not in (None, 1, exported):
         raise ValueError(f"beam_size={beam_size}: this export decodes with beam_size={exported} "
                          f"({SERVING}) or 1 ({GREEDY}).")
     name = GREEDY if beam_size == 1 and exported != 1 else SERVING
-    serve = tf.saved_model.load(os.fspath(path)).signatures[name]
     input_key, output_key = info.get("input_key", INPUT_KEY), info.get("output_key", OUTPUT_KEY)
+    serve = _signature(path, name, input_key, output_key)
     return lambda text: serve(**{input_key: text})[output_key]

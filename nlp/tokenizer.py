@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-__all__ = ["BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "Tokenizer", "train_tokenizer"]
+__all__ = [
+    "BOS_ID", "EOS_ID", "PAD_ID", "SPECIAL_PIECES", "UNK_ID", "Tokenizer", "train_tokenizer",
+]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")  # the pieces of ids 0-3
 
 
 def train_tokenizer(
@@ -82,20 +86,23 @@ def train_tokenizer(
     if not sentences:
         raise ValueError("`texts` must contain at least one non-empty sentence. Received none.")
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=vocab_size,
-        hard_vocab_limit=False,
-        model_type=model_type,
-        character_coverage=1.0,
-        pad_id=PAD_ID,
-        unk_id=UNK_ID,
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        num_threads=os.cpu_count() or 1,
-        minloglevel=2,
-    )
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences),
+            model_writer=model,
+            vocab_size=vocab_size,
+            hard_vocab_limit=False,
+            model_type=model_type,
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError as error:
+        raise _training_error(error, vocab_size) from None
     model_path = os.fspath(model_path)
     directory = os.path.dirname(model_path)
     if directory:
@@ -103,6 +110,22 @@ def train_tokenizer(
     with open(model_path, "wb") as f:
         f.write(model.getvalue())
     return model_path
+
+
+def _training_error(error: RuntimeError, vocab_size: int) -> ValueError:
+    """SentencePiece's training error as a ValueError that says which `vocab_size` works."""
+    text = " ".join(str(error).split())
+    # "Vocabulary size is smaller than required_chars. 10 vs 29. Increase vocab_size ..."
+    found = re.search(r"smaller than required_chars\. *(\d+) vs (\d+)", text)
+    if found:
+        needed = int(found.group(2))
+        return ValueError(
+            f"`vocab_size` (--vocab-size) must be at least {needed} for this text: the "
+            f"{len(SPECIAL_PIECES)} special ids and one id per distinct character "
+            f"({needed - len(SPECIAL_PIECES)}). Received: vocab_size={vocab_size}"
+        )
+    return ValueError(f"SentencePiece could not train a tokenizer with vocab_size={vocab_size}: "
+                      f"{text[:300]}")
 
 
 class Tokenizer(tf.Module):
@@ -158,13 +181,24 @@ class Tokenizer(tf.Module):
         """Loads a tokenizer from a SentencePiece `.model` file.
 
         Raises:
-            ValueError: If `path` does not exist or is not a SentencePiece model.
+            ValueError: If `path` does not exist, is a directory, is empty or is not a
+                SentencePiece model with the special ids; the message names `path`.
         """
         path = os.fspath(path)
+        if os.path.isdir(path):
+            raise ValueError(f"Tokenizer model {path} is a directory, not a SentencePiece "
+                             ".model file.")
         if not os.path.isfile(path):
             raise ValueError(f"Tokenizer model file not found. Received: path={path!r}")
         with open(path, "rb") as f:
-            return cls(f.read())
+            proto = f.read()
+        if not proto:
+            raise ValueError(f"Tokenizer model {path} is empty (0 bytes), not a SentencePiece "
+                             "model.")
+        try:
+            return cls(proto)
+        except ValueError as error:
+            raise ValueError(f"Tokenizer model {path}: {error}") from None
 
     @property
     def model_proto(self) -> bytes:

@@ -6,15 +6,19 @@ Noam-scheduled model) and leaves the rest to `tfx_transformer.trainer.Trainer`.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import dataclasses
+import math
 import os
-from collections.abc import Callable, Iterable
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
 
 import keras
 import tensorflow as tf
 
 from nlp.config import NMTConfig
-from nlp.data.batching import make_batches
+from nlp.data.batching import bucket_boundaries, make_batches
 from nlp.data.sources import load_pairs
 from nlp.evaluate import evaluate
 from nlp.export import export_translator, make_translate_fn
@@ -25,21 +29,83 @@ from tfx_transformer import NoamSchedule
 from tfx_transformer.run import RunOptions
 from tfx_transformer.trainer import Trainer
 
-__all__ = ["DEFAULT_EPOCHS", "build_tokenizer", "compile_model", "train_nmt"]
+__all__ = ["DEFAULT_EPOCHS", "build_tokenizer", "compile_model", "count_batches", "train_nmt"]
 
 DEFAULT_EPOCHS = 10  # when the run sets neither epochs nor a step or time bound
 NUM_SAMPLES = 5  # held-out translations recorded in metrics.json
 
 
-def build_tokenizer(path: str, pairs, vocab_size: int, log=print) -> Tokenizer:
-    """Reuses ``path`` if it exists (a resumed run must keep its vocabulary), else trains it."""
-    if not os.path.exists(path):
+def _requested_vocab_size(tokenizer: Tokenizer) -> int:
+    """The vocabulary size the tokenizer was trained for (it may hold fewer pieces)."""
+    try:
+        from sentencepiece import sentencepiece_model_pb2
+
+        spec = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.model_proto).trainer_spec
+        return int(spec.vocab_size) or tokenizer.vocab_size
+    except Exception:  # an older or newer protobuf: compare with the pieces it holds
+        return tokenizer.vocab_size
+
+
+def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
+                    check: Callable[[Tokenizer], None] | None = None) -> Tokenizer:
+    """Reuses ``path`` if it exists (a resumed run must keep its vocabulary), else trains it.
+
+    A reused tokenizer trained for another ``vocab_size`` is an error: the work directory's
+    run and checkpoints use its vocabulary, so the new size cannot be honoured (a new tokenizer
+    needs ``--restart`` or a new work directory). A new one is written to ``path`` only once
+    ``check(tokenizer)`` (if given) has passed, so data it rejects leaves no file behind.
+
+    Raises:
+        ValueError: ``path`` was trained for another ``vocab_size``, or ``check`` raised.
+    """
+    if os.path.exists(path):
+        tokenizer = Tokenizer.from_file(path)
+        trained_for = _requested_vocab_size(tokenizer)
+        if trained_for != vocab_size:
+            raise ValueError(
+                f"{path} was trained with --vocab-size {trained_for}, not {vocab_size}, and this "
+                f"work directory keeps its tokenizer (a vocabulary of {tokenizer.vocab_size}): "
+                f"rerun with --vocab-size {trained_for} to go on with it, or with --restart (or "
+                "a new --workdir) to train a new one")
+        if check is not None:
+            check(tokenizer)
+    else:
         texts = [text for pair in pairs for text in pair]
-        train_tokenizer(texts, path, vocab_size=vocab_size)
+        fd, tmp = tempfile.mkstemp(prefix=".tokenizer.", suffix=".model",
+                                   dir=os.path.dirname(path) or ".")
+        os.close(fd)
+        try:
+            train_tokenizer(texts, tmp, vocab_size=vocab_size)
+            tokenizer = Tokenizer.from_file(tmp)
+            if check is not None:
+                check(tokenizer)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
         log(f"tokenizer: trained on {len(texts)} sentences -> {path}")
-    tokenizer = Tokenizer.from_file(path)
     log(f"tokenizer: vocabulary of {tokenizer.vocab_size}")
     return tokenizer
+
+
+def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_tokens: int,
+                  max_length: int) -> tuple[int, int, int]:
+    """``(kept, dropped, batches)`` of `make_batches` over ``pairs``, counted in Python.
+
+    A pair is kept when its source + eos and bos + target fit in ``max_length`` tokens; the
+    kept pairs fill length buckets, and each bucket of n pairs gives ceil(n / its batch size)
+    batches whatever the order, so the count holds for every shuffled epoch.
+    """
+    boundaries = bucket_boundaries(max_length)
+    sizes = [max(1, batch_tokens // (bound - 1)) for bound in boundaries]
+    per_bucket: collections.Counter = collections.Counter()
+    for source, target in pairs:
+        length = 1 + max(len(tokenizer.encode(source)), len(tokenizer.encode(target)))
+        if length <= max_length:
+            per_bucket[bisect.bisect_right(boundaries, length)] += 1
+    kept = sum(per_bucket.values())
+    batches = sum(math.ceil(n / sizes[bucket]) for bucket, n in per_bucket.items())
+    return kept, len(pairs) - kept, batches
 
 
 def compile_model(model, config: NMTConfig, jit_compile: bool = True) -> None:
@@ -79,26 +145,50 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
         ``metrics.json``'s ``valid`` entry: bleu, chrf, exact_match, n ({} on non-chief
         workers).
 
+    A finished run rerun with nothing more to do returns its recorded scores and changes
+    nothing (`tfx_transformer.trainer.Trainer`).
+
     Raises:
-        ValueError: bad data (no training pairs, malformed file, unknown scheme).
+        ValueError: bad data (no training pairs, none shorter than ``max_length`` tokens,
+            malformed file, unknown scheme), a broken file in the work directory, or a NaN
+            loss (`tfx_transformer.callbacks.NonFiniteLossError`).
     """
-    trainer = Trainer(workdir, run, log)
+    trainer = Trainer(workdir, run, log, state_files=("tokenizer.model",))
+    done = trainer.finished(DEFAULT_EPOCHS)
+    if done is not None:
+        return done
     train_pairs = load_pairs(data, "train", valid_fraction=run.valid_fraction, seed=run.seed)
     valid_pairs = load_pairs(data, "valid", valid_fraction=run.valid_fraction, seed=run.seed)
     if not train_pairs:
         raise ValueError(f"--data {data}: no training pairs.")
     log(f"data: {len(train_pairs)} training pairs, {len(valid_pairs)} held out")
+    counts = {}
+
+    def count(tokenizer) -> None:  # before the pipeline is built and the tokenizer saved
+        counts["train"] = count_batches(train_pairs, tokenizer, config.batch_tokens,
+                                        config.max_length)
+        if not counts["train"][0]:
+            raise ValueError(
+                f"--data {data}: all {len(train_pairs)} training pairs are longer than "
+                f"max_length={config.max_length} tokens (source + eos or bos + target), so "
+                "none is left to train on; raise `max_length`")
+        counts["valid"] = count_batches(valid_pairs, tokenizer, config.batch_tokens,
+                                        config.max_length)
+
     tokenizer = build_tokenizer(str(trainer.workdir.root / "tokenizer.model"), train_pairs,
-                                config.vocab_size, log)
+                                config.vocab_size, log, check=count)
+    (kept, dropped, train_steps), valid_steps = counts["train"], counts["valid"][2]
 
-    def batches(pairs, shuffle):
+    def batches(pairs, shuffle, steps):
         ds = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
-        return make_batches(ds, tokenizer, config.batch_tokens, config.max_length,
-                            shuffle=shuffle, seed=run.seed,
-                            pad_to_bucket_boundary=run.jit_compile)
+        ds = make_batches(ds, tokenizer, config.batch_tokens, config.max_length,
+                          shuffle=shuffle, seed=run.seed,
+                          pad_to_bucket_boundary=run.jit_compile)[0]
+        # A known length: Keras then ends each epoch there, without "ran out of data".
+        return ds.apply(tf.data.experimental.assert_cardinality(steps))
 
-    train_ds, train_stats = batches(train_pairs, shuffle=True)
-    valid_ds = batches(valid_pairs, shuffle=False)[0] if valid_pairs else None
+    train_ds = batches(train_pairs, True, train_steps)
+    valid_ds = batches(valid_pairs, False, valid_steps) if valid_steps else None
     with trainer.strategy.scope():
         model = build_model(config, vocab_size=tokenizer.vocab_size)
         compile_model(model, config, jit_compile=run.jit_compile)
@@ -114,7 +204,8 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
             "valid": scores,
             "samples": samples,
             "data": {"spec": data, "train_pairs": len(train_pairs),
-                     "valid_pairs": len(valid_pairs), **train_stats.result()},
+                     "valid_pairs": len(valid_pairs), "kept": kept, "dropped": dropped,
+                     "train_batches": train_steps},
             "config": {"preset": config.name, **dataclasses.asdict(config),
                        "vocab_size": tokenizer.vocab_size},
         }
@@ -122,5 +213,5 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
     return trainer.train(
         model, train_ds, valid_ds, default_epochs=DEFAULT_EPOCHS,
         export=lambda path: export_translator(model, tokenizer, path, config.decoding),
-        evaluate=evaluate_held_out, callbacks=callbacks,
+        evaluate=evaluate_held_out, steps_per_epoch=train_steps, callbacks=callbacks,
     )

@@ -2,7 +2,9 @@
 
 For each IMAGE writes OUTDIR/<name>.png (the image with labelled boxes) and OUTDIR/<name>.json
 (its detections above the threshold: label, class_id, score, box [x0, y0, x1, y1] in pixels).
-An unreadable image is reported on stderr and skipped; the exit code is then 1.
+An image that cannot be read (missing, not a file, not a JPEG/PNG/GIF/BMP/WebP image) is
+reported on stderr ("error: cannot read image ...") and skipped; the exit code is then 1. Any
+readable image is detected in, whatever its size or aspect ratio.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts._quiet import quiet_start  # noqa: E402
+
+quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -34,12 +38,29 @@ def _output_name(path: str, taken: set[str]) -> str:
     return name
 
 
-def detect_one(detector, path: str, threshold: float, out_dir: str, name: str) -> int:
-    """Detects in one image file; writes NAME.png and NAME.json; returns the count kept."""
-    with open(path, "rb") as f:
-        data = f.read()
-    image = tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
-    found = detector.detect_bytes([data])
+class UnreadableImageError(Exception):
+    """An image file that cannot be opened or decoded; the message says why."""
+
+
+def read_image(path: str) -> np.ndarray:
+    """The file's pixels, ``(H, W, 3)`` uint8 (as the export decodes them: grayscale and RGBA
+    converted, first GIF frame); `UnreadableImageError` when it cannot be read or decoded."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as error:
+        raise UnreadableImageError(error.strerror or str(error)) from None
+    try:
+        return tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
+    except tf.errors.OpError as error:
+        raise UnreadableImageError(f"not a decodable image ({' '.join(error.message.split())})"
+                                   ) from None
+
+
+def detect_one(detector, path: str, image: np.ndarray, threshold: float, out_dir: str,
+               name: str) -> int:
+    """Detects in one decoded image; writes NAME.png and NAME.json; returns the count kept."""
+    found = detector(image[None])
     scores, labels, boxes = found["scores"][0], found["labels"][0], found["boxes"][0]
     order = [i for i in np.argsort(-scores, kind="stable") if scores[i] > threshold]
     names, ids = detector.class_names, detector.category_ids
@@ -62,6 +83,8 @@ def main(argv=None) -> int:
                         help="keep detections with a score above this")
     parser.add_argument("--out", default="detections", help="output folder (created)")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
     if not 0.0 <= args.threshold < 1.0:
         parser.error(f"--threshold must be in [0, 1), got {args.threshold}")
@@ -70,11 +93,17 @@ def main(argv=None) -> int:
     failed, taken = 0, set()
     for path in args.images:
         try:
-            name = _output_name(path, taken)
-            count = detect_one(detector, path, args.threshold, args.out, name)
-        except (OSError, tf.errors.InvalidArgumentError) as error:
-            message = getattr(error, "message", None) or str(error)
-            print(f"error: cannot read image {path!r}: {' '.join(message.split())}",
+            image = read_image(path)
+        except UnreadableImageError as error:
+            print(f"error: cannot read image {path!r}: {error}", file=sys.stderr)
+            failed += 1
+            continue
+        name = _output_name(path, taken)
+        try:
+            count = detect_one(detector, path, image, args.threshold, args.out, name)
+        except tf.errors.OpError as error:  # a readable image: never called unreadable
+            print(f"error: detection failed on image {path!r} ({image.shape[1]}x"
+                  f"{image.shape[0]} pixels): {' '.join(error.message.split())}",
                   file=sys.stderr)
             failed += 1
             continue

@@ -11,12 +11,14 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts._quiet import quiet_start  # noqa: E402
+
+quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
 from nlp.evaluate import evaluate  # noqa: E402
-from nlp.export import load_translator  # noqa: E402
+from nlp.export import NotATranslatorError, load_translator, read_info  # noqa: E402
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 
@@ -28,11 +30,17 @@ def main(argv=None) -> int:
                         help="exported width or 1 (greedy)")
     parser.add_argument("--limit", type=positive(int), default=None, help="score at most N pairs")
     parser.add_argument("--batch-size", type=positive(int), default=64)
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
-    pairs = load_pairs(args.data, evaluation_split(args.data), limit=args.limit)
-    if not pairs:
-        raise ValueError(f"--data {args.data}: no pairs to score.")
-    translate = load_translator(args.model, args.beam_size)
+    try:
+        read_info(args.model)  # a wrong --model fails before the data is read
+        pairs = load_pairs(args.data, evaluation_split(args.data), limit=args.limit)
+        if not pairs:
+            raise ValueError(f"--data {args.data}: no pairs to score.")
+        translate = load_translator(args.model, args.beam_size)
+    except NotATranslatorError as error:
+        raise ValueError(f"--model {error}") from None
     scores, _ = evaluate(translate, pairs, args.batch_size, progress=sys.stderr.isatty())
     print(json.dumps(scores))
     return 0

@@ -12,8 +12,10 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts._quiet import quiet_start  # noqa: E402
+
+quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 import tensorflow as tf  # noqa: E402
 
@@ -69,7 +71,11 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=positive(float), default=8.0,
                         help="total training budget, split between the two models")
     parser.add_argument("--workdir", default=os.path.join("runs", "quickstart"))
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
+    if os.path.exists(args.workdir) and not os.path.isdir(args.workdir):
+        parser.error(f"--workdir {args.workdir!r} is a file, not a directory")
     translation(os.path.join(args.workdir, "nmt"), args.minutes / 2)
     detection(os.path.join(args.workdir, "detr"), args.minutes / 2)
     return 0

@@ -10,8 +10,10 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts._quiet import quiet_start  # noqa: E402
+
+quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from tfx_transformer.cli import (  # noqa: E402
     COMMON_RUN_FLAGS,

@@ -6,8 +6,10 @@ import argparse
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from scripts._quiet import quiet_start  # noqa: E402
+
+quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from nlp.config import PRESETS, preset  # noqa: E402
 from nlp.train import train_nmt  # noqa: E402

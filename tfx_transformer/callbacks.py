@@ -1,7 +1,15 @@
 """The Keras callbacks every trainer passes to `fit`: resume, checkpoints, logs, stop rules.
 
 `standard_callbacks` assembles them; `TimeBudget` and `MaxSteps` stop a run cleanly (the
-trainer still exports and evaluates), `MetricsLogger` writes the history to ``metrics.json``.
+trainer still exports and evaluates), `RunGuard` stops it with an error (a NaN loss, an epoch
+without batches) before anything of that epoch is saved, `MetricsLogger` writes the history to
+``metrics.json``.
+
+Testing hook: ``TFX_TRANSFORMER_FAULT`` makes a run fail on purpose (`FaultInjection`,
+`inject_fault`): ``step:N`` (SIGKILL just before optimizer step N, 1-based), ``epoch:N``
+(SIGKILL just before the first step of epoch N), ``nan:N`` (the weights become NaN just before
+step N, so its loss is NaN), ``export`` or ``evaluate`` (SIGKILL when that phase starts).
+Unset in normal use.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ import importlib.util
 import logging
 import math
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -20,7 +29,126 @@ import keras
 from tfx_transformer.distribute import is_chief, task_index
 from tfx_transformer.workdir import Workdir, read_metrics, to_json, write_metrics
 
-__all__ = ["MaxSteps", "MetricsLogger", "TimeBudget", "plan_epochs", "standard_callbacks"]
+__all__ = ["Backup", "FaultInjection", "MaxSteps", "MetricsLogger", "NonFiniteLossError",
+           "RunGuard", "TimeBudget", "inject_fault", "plan_epochs", "standard_callbacks"]
+
+FAULT_ENV = "TFX_TRANSFORMER_FAULT"
+
+
+class NonFiniteLossError(ValueError):
+    """The loss became NaN or infinite; ``step`` is the optimizer step, ``epoch`` 1-based."""
+
+    def __init__(self, message: str, step: int, epoch: int):
+        super().__init__(message)
+        self.step, self.epoch = step, epoch
+
+
+class RunGuard(keras.callbacks.Callback):
+    """Ends `fit` with an error, before that epoch's checkpoint and backup are written.
+
+    A NaN or infinite loss raises `NonFiniteLossError` at the end of its step (no epoch end
+    follows, so nothing with those weights is saved and the backup keeps the last good epoch;
+    Keras's ``TerminateOnNaN`` only stops, and the epoch's checkpoint then holds NaN weights).
+    An epoch without a single batch raises `ValueError`: training on no data would loop over
+    empty epochs for ever. Put it before `ModelCheckpoint` and `BackupAndRestore`.
+
+    Args:
+        workdir: the work directory (named in the messages).
+    """
+
+    def __init__(self, workdir: Workdir | str | os.PathLike):
+        super().__init__()
+        self.workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
+        self.batches, self._epoch = 0, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.batches, self._epoch = 0, epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches += 1
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(keras.ops.convert_to_numpy(loss))):
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            last = self.workdir.latest_checkpoint()
+            kept = f"{last} and {self.workdir.backup}" if last else "nothing (first epoch)"
+            raise NonFiniteLossError(
+                f"the training loss is {float(keras.ops.convert_to_numpy(loss))} at step {step} "
+                f"(epoch {self._epoch + 1}): training stopped, nothing of this epoch was saved "
+                f"and nothing exported; the last good state is {kept}. Lower the learning rate "
+                "or check the data; a rerun resumes from the last good epoch", step,
+                self._epoch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.batches == 0:
+            raise ValueError(f"epoch {epoch + 1} had no training batches: the training data is "
+                             "empty (every example was dropped?)")
+
+
+class Backup(keras.callbacks.BackupAndRestore):
+    """`BackupAndRestore` that keeps the previous backup (``.bkp``) and names a broken file.
+
+    A backup cut short (a kill during its write) falls back to the previous one; a backup that
+    cannot be read at all is a `ValueError` naming the file and what to do.
+    """
+
+    def __init__(self, backup_dir: str, delete_checkpoint: bool = True):
+        super().__init__(backup_dir, delete_checkpoint=delete_checkpoint, double_checkpoint=True)
+
+    def on_train_begin(self, logs=None):
+        try:
+            super().on_train_begin(logs)
+        except Exception as error:  # h5py, JSON and shape errors alike
+            if not os.path.exists(self._weights_path):
+                raise
+            raise ValueError(
+                f"cannot resume from {self._weights_path} ({type(error).__name__}: "
+                f"{str(error)[:200]}); delete {self.backup_dir} to train again from epoch 1, "
+                "or rerun with --restart") from None
+
+
+class FaultInjection(keras.callbacks.Callback):
+    """Testing hook: ``step:N`` SIGKILLs this process, ``nan:N`` makes the weights NaN, just
+    before optimizer step N (1-based, counted over resumes); ``epoch:N`` SIGKILLs it before
+    epoch N's first step. See the module docstring."""
+
+    def __init__(self, kind: str, step: int):
+        super().__init__()
+        self.kind, self.step, self._epoch = kind, step, 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.kind == "epoch":
+            if batch == 0 and self._epoch + 1 == self.step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return
+        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) + 1 != self.step:
+            return
+        if self.kind == "step":
+            os.kill(os.getpid(), signal.SIGKILL)
+        for variable in self.model.trainable_variables:
+            variable.assign(keras.ops.full(variable.shape, float("nan"), variable.dtype))
+
+
+def _fault() -> tuple[str, int | None] | None:
+    value = os.environ.get(FAULT_ENV, "")
+    if not value:
+        return None
+    kind, _, step = value.partition(":")
+    if kind in ("export", "evaluate") and not step:
+        return kind, None
+    if kind in ("step", "epoch", "nan") and step.isdigit() and int(step) > 0:
+        return kind, int(step)
+    raise ValueError(f"{FAULT_ENV} must be step:N, epoch:N, nan:N, export or evaluate (a "
+                     "testing hook). "
+                     f"Received: {value!r}")
+
+
+def inject_fault(phase: str) -> None:
+    """Testing hook: SIGKILLs this process when ``TFX_TRANSFORMER_FAULT`` names ``phase``."""
+    if _fault() == (phase, None):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -119,7 +247,7 @@ class MetricsLogger(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         reasons = [s.reason for s in self.stoppers if getattr(s, "stopped", False)]
-        if self.write:
+        if self.write and self.last_epoch is not None:  # a resumed fit with nothing left
             write_metrics(self.workdir, {"train": {
                 "last_epoch": self.last_epoch, "stopped_by": "; ".join(reasons) or None,
                 "elapsed_s": round(time.monotonic() - self._start, 3),
@@ -137,11 +265,13 @@ def standard_callbacks(
 ) -> list[keras.callbacks.Callback]:
     """The callbacks every trainer passes to `fit`, in order.
 
-    `BackupAndRestore(DIR/backup)` (first, so later callbacks see the restored state; the
-    model must be built before `fit`), `ModelCheckpoint` of weights every epoch into
-    ``DIR/checkpoints/epoch-NNN.weights.h5``, `TerminateOnNaN`, `TensorBoard(DIR/logs)`,
-    `TimeBudget` and `MaxSteps` when asked, and `MetricsLogger`. Non-chief workers back up to
-    ``DIR/backup-worker-N`` and write checkpoints to a temporary directory, logs not at all.
+    `RunGuard` (first: it raises before the epoch's checkpoint and backup are written),
+    `Backup(DIR/backup)` (before the others, so they see the restored state; the model must be
+    built before `fit`), `ModelCheckpoint` of weights every epoch into
+    ``DIR/checkpoints/epoch-NNN.weights.h5``, `TensorBoard(DIR/logs)`, `TimeBudget` and
+    `MaxSteps` when asked, `MetricsLogger`, and `FaultInjection` when the testing hook asks.
+    Non-chief workers back up to ``DIR/backup-worker-N`` and write checkpoints to a temporary
+    directory, logs not at all.
 
     Args:
         workdir: the work directory.
@@ -159,11 +289,11 @@ def standard_callbacks(
         backup = workdir.root / f"backup-worker-{task_index()}"
         checkpoints = Path(tempfile.mkdtemp(prefix="tfx-checkpoints-"))
     callbacks = [
-        keras.callbacks.BackupAndRestore(str(backup), delete_checkpoint=not keep_backup),
+        RunGuard(workdir),
+        Backup(str(backup), delete_checkpoint=not keep_backup),
         keras.callbacks.ModelCheckpoint(
             str(checkpoints / "epoch-{epoch:03d}.weights.h5"), save_weights_only=True
         ),
-        keras.callbacks.TerminateOnNaN(),
     ]
     if tensorboard is None:
         tensorboard = importlib.util.find_spec("tensorboard") is not None
@@ -176,4 +306,6 @@ def standard_callbacks(
         stoppers.append(TimeBudget(time_budget_minutes, clock=clock))
     if max_steps is not None:
         stoppers.append(MaxSteps(max_steps))
-    return callbacks + stoppers + [MetricsLogger(workdir, stoppers)]
+    fault = _fault()
+    faults = [FaultInjection(*fault)] if fault and fault[1] is not None else []
+    return callbacks + stoppers + [MetricsLogger(workdir, stoppers)] + faults

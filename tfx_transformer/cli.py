@@ -10,14 +10,21 @@ like `RUN_FLAGS`) plus::
     config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
     run = run_options_from_args(args)
 
-and ``sys.exit(run_cli(main))`` turns bad input into one ``error:`` line and exit code 2.
+and ``sys.exit(run_cli(main))`` turns bad input into one ``error:`` line and exit code 2. An
+error that names a field set by a flag of the tables (```batch_size```, ``batch_size=0``) names
+the flag instead (```--batch-size```, ``--batch-size 0``): the user typed that.
+
+The scripts start quietly (no TensorFlow start-up lines): their first import is
+``scripts/_quiet.py``; ``--verbose`` or ``TFX_TRANSFORMER_VERBOSE=1`` keeps those lines.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -30,12 +37,13 @@ from tfx_transformer.run import RunOptions
 
 __all__ = [
     "COMMON_RUN_FLAGS", "RUN_FLAGS", "add_override_arguments", "add_run_arguments", "fail",
-    "overrides_from_args", "positive", "run_cli", "run_options_from_args",
+    "name_flags", "overrides_from_args", "positive", "run_cli", "run_options_from_args",
 ]
 
 
 def positive(kind: type = int) -> Callable[[str], Any]:
-    """An argparse ``type=`` that parses ``kind`` (`int` or `float`) and accepts only > 0.
+    """An argparse ``type=`` that parses ``kind`` (`int` or `float`) and accepts only finite
+    values > 0 (``nan`` and ``inf`` are refused).
 
     Example:
         >>> parser.add_argument("--batch-size", type=positive(int))
@@ -46,6 +54,8 @@ def positive(kind: type = int) -> Callable[[str], Any]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
         if not value > 0:
             raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
         return value
@@ -73,10 +83,18 @@ RUN_FLAGS: dict[str, tuple[str, dict]] = {
         type=positive(int), help="validate and evaluate on at most N examples")),
     "jit_compile": ("--xla", dict(
         action="store_true", help="XLA-compile the train step (one compilation per shape)")),
+    "restart": ("--restart", dict(
+        action="store_true",
+        help="start over in a WORKDIR that holds a run: its checkpoints/, backup/, logs/, "
+             "metrics.json, run.json (and tokenizer.model) move to WORKDIR/previous-N/; "
+             "export/ stays until the new export replaces it")),
 }
 # The flags every training script has; a script adds others of `RUN_FLAGS` by name.
 COMMON_RUN_FLAGS = ("epochs", "max_steps", "time_budget", "strategy", "mixed_precision", "seed",
-                    "valid_fraction")
+                    "valid_fraction", "restart")
+# Field -> flag of every table given to `add_run_arguments` / `add_override_arguments`, so
+# that `run_cli` can name the flag the user typed (`name_flags`).
+_FLAG_NAMES: dict[str, str] = {}
 _RUN_DEFAULTS = {field.name: field.default for field in dataclasses.fields(RunOptions)}
 
 
@@ -99,8 +117,11 @@ def add_run_arguments(parser: argparse.ArgumentParser, flags: Iterable[str] = CO
     if unknown:
         raise ValueError(f"Unknown run options: {unknown}. Known: {sorted(_RUN_DEFAULTS)}")
     parser.add_argument("--workdir", required=True, help="work directory (created if missing)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="keep TensorFlow's start-up and C++ log lines")
     for name in flags:
         flag, kwargs = RUN_FLAGS[name]
+        _FLAG_NAMES[name] = flag
         parser.add_argument(flag, dest=name, default=defaults.get(name, _RUN_DEFAULTS[name]),
                             **kwargs)
     parser.set_defaults(**{k: v for k, v in defaults.items() if k not in flags})
@@ -124,12 +145,23 @@ def add_override_arguments(parser: argparse.ArgumentParser,
     collects the others.
     """
     for name, (flag, kwargs) in table.items():
+        _FLAG_NAMES[name] = flag
         parser.add_argument(flag, dest=name, default=None, **kwargs)
 
 
 def overrides_from_args(args: argparse.Namespace, table: Mapping[str, Any]) -> dict:
     """``{field: value}`` for the flags of ``table`` given on the command line."""
     return {name: getattr(args, name) for name in table if getattr(args, name) is not None}
+
+
+def name_flags(message: str, flags: Mapping[str, str] | None = None) -> str:
+    """``message`` with each field of ``flags`` (default: every flag the parsers were given)
+    written as its flag: ```batch_size``` and ```DetrConfig.batch_size``` ->
+    ```--batch-size```, ``batch_size=0`` -> ``--batch-size 0``."""
+    for name, flag in (_FLAG_NAMES if flags is None else flags).items():
+        message = re.sub(rf"`(?:[A-Za-z_][\w.]*\.)?{re.escape(name)}`", f"`{flag}`", message)
+        message = re.sub(rf"(?<![\w-]){re.escape(name)}=", f"{flag} ", message)
+    return message
 
 
 def fail(message: str) -> int:
@@ -141,7 +173,8 @@ def fail(message: str) -> int:
 def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> int:
     """Runs ``main_fn(*args, **kwargs)``; bad input becomes one ``error:`` line and exit code 2.
 
-    Catches `ValueError`, `OSError` (incl. `FileNotFoundError`) and `tf.errors.NotFoundError`;
+    Catches `ValueError`, `OSError` (incl. `FileNotFoundError`) and `tf.errors.NotFoundError`
+    (their message names flags, not fields: `name_flags`);
     anything else is a bug and keeps its traceback. Set ``TFX_TRANSFORMER_DEBUG=1`` to see the
     traceback of caught errors too. Use as ``sys.exit(run_cli(main))``.
     """
@@ -151,7 +184,7 @@ def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> in
         if os.environ.get("TFX_TRANSFORMER_DEBUG"):
             raise
         message = getattr(error, "message", None) or str(error) or type(error).__name__
-        return fail(message)
+        return fail(name_flags(str(message)))
     except KeyboardInterrupt:
         fail("interrupted")
         return 130

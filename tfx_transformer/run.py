@@ -40,12 +40,14 @@ class RunOptions:
     epochs: int | None = None
     max_steps: int | None = None  # stop after this many optimizer steps in total
     time_budget: float | None = None  # minutes of training; then export and evaluate as usual
-    seed: int = 0  # weights, shuffling, augmentation, embedded data
+    seed: int = 0  # weights, shuffling, augmentation, embedded data; 0 .. 2**32 - 1
     valid_fraction: float = 0.05  # held-out share of a file source (tsv:, coco:)
     eval_limit: int | None = None  # validate and evaluate on at most this many examples
     # XLA-compile the train step. Off by default: NMT's bucket shapes each compile anew, and
     # DETR's scipy matcher is a host callback.
     jit_compile: bool = False
+    # Start over in a work directory that holds a run: its files move to DIR/previous-N/.
+    restart: bool = False
 
     def __post_init__(self):
         def bad(name: str, rule: str):
@@ -64,14 +66,15 @@ class RunOptions:
         if budget is not None and not (
                 isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0):
             bad("time_budget", "None or a positive number of minutes")
-        if not _is_int(self.seed):
-            bad("seed", "an integer")
+        if not (_is_int(self.seed) and 0 <= self.seed < 2**32):
+            bad("seed", "an integer in [0, 2**32)")  # NumPy's seeds
         fraction = self.valid_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
                 0.0 <= fraction < 1.0):
             bad("valid_fraction", "in [0, 1)")
-        if not isinstance(self.jit_compile, bool):
-            bad("jit_compile", "True or False")
+        for name in ("jit_compile", "restart"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "True or False")
 
     @property
     def bounded(self) -> bool:

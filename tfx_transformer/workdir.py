@@ -6,7 +6,12 @@ Work directory ``DIR``::
     DIR/export/                            SavedModel (written by the application)
     DIR/logs/                              TensorBoard
     DIR/metrics.json                       merged, written atomically
-    DIR/backup/                            BackupAndRestore state (removed after a finished fit)
+    DIR/run.json                           the run's state: phase, epochs, steps (`read_state`)
+    DIR/backup/                            BackupAndRestore state: the latest epoch's weights and
+                                           optimizer (kept, so a larger --epochs continues)
+
+`check_workdir` reads what a rerun will read (``metrics.json``, ``run.json``, the backup) and
+raises one clear `ValueError` naming the file, before any data is loaded.
 """
 
 from __future__ import annotations
@@ -21,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Workdir", "read_metrics", "to_json", "write_metrics"]
+__all__ = ["PHASES", "Workdir", "check_workdir", "read_metrics", "read_state", "to_json",
+           "write_metrics", "write_state"]
+
+# The phases of a run, in order (`run.json` "phase"): fit running or to resume, fit done,
+# export written, evaluated and recorded.
+PHASES = ("training", "trained", "exported", "finished")
 
 
 class Workdir:
@@ -47,6 +57,7 @@ class Workdir:
     logs = property(lambda self: self.root / "logs")
     backup = property(lambda self: self.root / "backup")
     metrics = property(lambda self: self.root / "metrics.json")
+    state = property(lambda self: self.root / "run.json")
 
     def latest_checkpoint(self) -> Path | None:
         """The ``epoch-NNN.weights.h5`` file with the highest epoch, or None."""
@@ -91,19 +102,106 @@ def _merge(old: dict, new: Mapping) -> dict:
     return merged
 
 
+def _read_object(path: Path) -> dict:
+    """The JSON object in ``path`` ({} when the file does not exist)."""
+    if not path.exists():
+        return {}
+    fix = "fix it, move it away, or rerun with --restart"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not valid JSON ({error}); {fix}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(value).__name__} "
+                         f"{json.dumps(value)[:40]}; {fix}")
+    return value
+
+
+def _write_object(path: Path, value: Mapping) -> None:
+    """Writes ``value`` as JSON to ``path`` atomically (temp file + ``os.replace``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=2, sort_keys=True, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def read_metrics(workdir: Workdir | str | os.PathLike) -> dict:
     """Contents of ``DIR/metrics.json`` ({} when it does not exist).
 
     Raises:
-        ValueError: the file is not valid JSON.
+        ValueError: the file is not valid JSON, or holds something else than an object.
     """
-    path = _root(workdir) / "metrics.json"
+    return _read_object(_root(workdir) / "metrics.json")
+
+
+def read_state(workdir: Workdir | str | os.PathLike) -> dict:
+    """Contents of ``DIR/run.json`` ({} for a new run): ``phase`` (one of `PHASES`),
+    ``epochs`` and ``steps`` done, the ``request`` that set them, ``train_seconds``.
+
+    Raises:
+        ValueError: the file is not valid JSON, not an object, or has an unknown phase.
+    """
+    path = _root(workdir) / "run.json"
+    state = _read_object(path)
+    if state and state.get("phase") not in PHASES:
+        raise ValueError(f"{path}: unknown phase {state.get('phase')!r} (one of {PHASES}); "
+                         "fix it, move it away, or rerun with --restart")
+    return state
+
+
+def write_state(workdir: Workdir | str | os.PathLike, **fields: Any) -> dict:
+    """Merges ``fields`` into ``DIR/run.json`` atomically; returns the new state."""
+    path = _root(workdir) / "run.json"
+    state = {**_read_object(path), **to_json(fields)}
+    _write_object(path, state)
+    return state
+
+
+def check_workdir(workdir: Workdir) -> None:
+    """Reads what a rerun reads, so a broken file is reported before any data is loaded.
+
+    Checks ``metrics.json`` and ``run.json`` (JSON objects) and the backup's weights file
+    (an HDF5 file that opens; Keras falls back to the ``.bkp`` copy when only the newest is
+    broken, as after a kill during its write).
+
+    Raises:
+        ValueError: naming the broken file and what to do about it.
+    """
+    read_metrics(workdir)
+    read_state(workdir)
+    weights = workdir.backup / "latest.weights.h5"
+    if weights.exists() and not _opens(weights) and not _opens(Path(f"{weights}.bkp")):
+        raise ValueError(
+            f"{weights} is truncated or corrupt, so the run cannot resume from it; delete "
+            f"{workdir.backup} to train again from epoch 1, or rerun with --restart")
+    metadata = workdir.backup / "training_metadata.json"
+    if metadata.exists():
+        epoch = _read_object(metadata).get("epoch")
+        if not (isinstance(epoch, int) and epoch >= 0):
+            raise ValueError(f"{metadata}: 'epoch' must be an integer >= 0, not {epoch!r}; "
+                             f"delete {workdir.backup} to train again from epoch 1, or rerun "
+                             "with --restart")
+
+
+def _opens(path: Path) -> bool:
+    import h5py  # Keras's own dependency
+
     if not path.exists():
-        return {}
+        return False
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is not valid JSON ({error}); fix or move it") from None
+        with h5py.File(path, "r") as f:
+            f.visit(lambda name: None)
+        return True
+    except Exception:  # any failure to read it means "broken"
+        return False
 
 
 def write_metrics(workdir: Workdir | str | os.PathLike, metrics: Mapping[str, Any]) -> dict:
@@ -116,17 +214,6 @@ def write_metrics(workdir: Workdir | str | os.PathLike, metrics: Mapping[str, An
         The merged contents written.
     """
     root = _root(workdir)
-    root.mkdir(parents=True, exist_ok=True)
     merged = _merge(read_metrics(root), to_json(dict(metrics)))
-    fd, tmp = tempfile.mkstemp(prefix=".metrics.", suffix=".tmp", dir=root)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(merged, f, indent=2, sort_keys=True, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, root / "metrics.json")
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    _write_object(root / "metrics.json", merged)
     return merged

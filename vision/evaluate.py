@@ -3,7 +3,11 @@
 Ground truth and detections are converted to COCO format in memory (boxes ``[x, y, w, h]``
 in pixels, one category per label, annotation ids from 1) and scored by ``COCOeval``: AP is
 the mean over IoU thresholds 0.50:0.05:0.95 of the 101-point interpolated precision, over
-the categories that have ground truth, with at most 100 detections per image.
+the categories that have ground truth, with at most 100 detections per image. Crowd regions
+(records' ``crowd_boxes``/``crowd_labels``) are ground truth with ``iscrowd=1``, as in the
+official evaluation: a detection on one is neither a hit nor a false positive. (Two
+differences from scoring the original file remain, both absent from well-formed data: boxes
+reaching outside the image are clipped to it, and boxes of zero width or height are dropped.)
 
 Two ways in:
 
@@ -24,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import keras
 import numpy as np
 
-__all__ = ["coco_evaluate", "evaluate_records", "to_coco"]
+__all__ = ["coco_evaluate", "evaluate_records", "match_labels", "to_coco"]
 
 
 def _xywh(boxes) -> np.ndarray:
@@ -38,7 +42,9 @@ def to_coco(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
 
     Args:
         ground_truth: one dict per image: ``image_id`` int, ``height``, ``width``, ``boxes``
-            ``(N, 4)`` xyxy pixels, ``labels`` ``(N,)`` int in ``[0, C)``.
+            ``(N, 4)`` xyxy pixels, ``labels`` ``(N,)`` int in ``[0, C)``; optionally the
+            crowd regions ``crowd_boxes`` ``(K, 4)`` and ``crowd_labels`` ``(K,)`` (written
+            with ``iscrowd=1``).
         detections: dicts with ``image_id``, ``boxes`` ``(Q, 4)`` xyxy pixels, ``scores``
             ``(Q,)``, ``labels`` ``(Q,)``; optionally ``keep`` ``(Q,)`` bool.
         num_classes: ``C`` (default: one more than the largest label seen).
@@ -47,18 +53,23 @@ def to_coco(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
         ``(dataset, results)`` in the formats ``pycocotools`` reads.
     """
     if num_classes is None:
-        labels = [np.asarray(x["labels"]).reshape(-1) for x in [*ground_truth, *detections]]
+        labels = [np.asarray(x[key]).reshape(-1) for x in [*ground_truth, *detections]
+                  for key in ("labels", "crowd_labels") if key in x]
         num_classes = int(max((int(v.max()) for v in labels if v.size), default=-1)) + 1
     images, annotations = [], []
     for item in ground_truth:
         images.append({"id": int(item["image_id"]), "height": int(item["height"]),
                        "width": int(item["width"])})
-        for box, label in zip(_xywh(item["boxes"]), np.asarray(item["labels"]).reshape(-1)):
-            annotations.append({
-                "id": len(annotations) + 1,  # pycocotools treats id 0 as "unmatched"
-                "image_id": int(item["image_id"]), "category_id": int(label),
-                "bbox": [float(v) for v in box], "area": float(box[2] * box[3]), "iscrowd": 0,
-            })
+        for crowd, (boxes, labels) in enumerate(
+                [(item["boxes"], item["labels"]),
+                 (item.get("crowd_boxes", ()), item.get("crowd_labels", ()))]):
+            for box, label in zip(_xywh(boxes), np.asarray(labels).reshape(-1)):
+                annotations.append({
+                    "id": len(annotations) + 1,  # pycocotools treats id 0 as "unmatched"
+                    "image_id": int(item["image_id"]), "category_id": int(label),
+                    "bbox": [float(v) for v in box], "area": float(box[2] * box[3]),
+                    "iscrowd": crowd,
+                })
     dataset = {"images": images, "annotations": annotations,
                "categories": [{"id": i, "name": str(i)} for i in range(num_classes)]}
     results = []
@@ -121,20 +132,67 @@ def _same_size_batches(records: Iterable[Mapping], batch_size: int):
         yield batch
 
 
+def _pairs(names: Sequence[str], ids: Sequence[int] | None) -> str:
+    if ids is None:
+        return "[" + ", ".join(repr(str(n)) for n in names) + "]"
+    return "[" + ", ".join(f"{int(i)}: {str(n)!r}" for i, n in zip(ids, names)) + "]"
+
+
+def match_labels(model_names: Sequence[str], model_ids: Sequence[int] | None,
+                 data_names: Sequence[str], data_ids: Sequence[int] | None) -> np.ndarray:
+    """The data's label of each model label, matched by COCO category id, else by name.
+
+    Where both sides have category ids (a model trained on ``coco:`` data scored on ``coco:``
+    data) label ``i`` maps to the data label with the same id, and the two names of each id
+    must agree too; otherwise names are matched. Either way both sides must hold the same
+    classes (in any order): a model cannot be scored on classes it does not know.
+
+    Args:
+        model_names, model_ids: the export's ``classes.json`` (ids None where it has none).
+        data_names, data_ids: the data source's class names and category ids (or None).
+
+    Returns:
+        ``(C,)`` int32: ``result[model_label] = data_label``.
+
+    Raises:
+        ValueError: the classes differ; the message lists both (ids and names).
+    """
+    model_names, data_names = [str(n) for n in model_names], [str(n) for n in data_names]
+    by_id = model_ids is not None and data_ids is not None
+    model_keys = [int(i) for i in model_ids] if by_id else model_names
+    data_keys = [int(i) for i in data_ids] if by_id else data_names
+    same = (len(set(model_keys)) == len(model_keys) == len(data_keys) == len(set(data_keys))
+            and set(model_keys) == set(data_keys))
+    mapping = [data_keys.index(key) for key in model_keys] if same else []
+    if same and by_id:
+        same = all(model_names[i] == data_names[j] for i, j in enumerate(mapping))
+    if not same:
+        key = "category ids and names" if by_id else "class names"
+        raise ValueError(
+            f"The model's classes do not match the data's ({key} must agree; order may "
+            f"differ): model {_pairs(model_names, model_ids)}, "
+            f"data {_pairs(data_names, data_ids)}.")
+    return np.array(mapping, np.int32)
+
+
 def evaluate_records(detect: Callable, records, batch_size: int = 8, limit: int | None = None,
-                     num_classes: int | None = None, progress: bool | None = None) -> dict:
+                     num_classes: int | None = None, progress: bool | None = None,
+                     label_map: Sequence[int] | None = None) -> dict:
     """Runs ``detect`` over every record and returns its COCO AP (`coco_evaluate`).
 
     Args:
         detect: ``images (B, H, W, 3) uint8 -> {"boxes" (B, Q, 4) xyxy pixels of those
             images, "scores" (B, Q), "labels" (B, Q)}`` (tensors or arrays).
         records: a `tf.data.Dataset` (or iterable) of records ``{"image" (H, W, 3) uint8,
-            "boxes" (N, 4) xyxy pixels, "labels" (N,), "image_id"}``, as
+            "boxes" (N, 4) xyxy pixels, "labels" (N,), "image_id"}`` and optionally the crowd
+            regions ``"crowd_boxes"``, ``"crowd_labels"``, as
             `vision.data.DetectionSource.records` gives.
         batch_size: most images per ``detect`` call (consecutive images of one size).
         limit: score at most this many images.
         num_classes: number of classes (default: inferred from the labels).
         progress: show a progress bar on stderr (default: when stderr is a terminal).
+        label_map: the records' label of each label ``detect`` returns (`match_labels`);
+            default: the same labels.
 
     Returns:
         ``{"AP", "AP50", "AP75", "n"}``.
@@ -154,11 +212,15 @@ def evaluate_records(detect: Callable, records, batch_size: int = 8, limit: int 
     for batch in _same_size_batches(records, batch_size):
         images = np.stack([np.asarray(r["image"], np.uint8) for r in batch])
         out = {k: keras.ops.convert_to_numpy(v) for k, v in detect(images).items()}
+        if label_map is not None:
+            out["labels"] = np.asarray(label_map)[out["labels"]]
         for i, record in enumerate(batch):
             image_id = int(record["image_id"])
             ground_truth.append({"image_id": image_id, "height": images.shape[1],
                                  "width": images.shape[2], "boxes": record["boxes"],
-                                 "labels": record["labels"]})
+                                 "labels": record["labels"],
+                                 **{k: record[k] for k in ("crowd_boxes", "crowd_labels")
+                                    if k in record}})
             detections.append({"image_id": image_id, "boxes": out["boxes"][i],
                                "scores": out["scores"][i], "labels": out["labels"][i]})
         if bar is not None:

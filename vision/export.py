@@ -180,6 +180,27 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
     return path
 
 
+def _read_classes(path: str) -> tuple[tuple[str, ...], list[int] | None]:
+    """``(class_names, category_ids)`` of a ``classes.json``; ValueError naming it if bad."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a valid JSON file ({error}).") from None
+    names = info.get("class_names") if isinstance(info, dict) else None
+    ids = info.get("category_ids") if isinstance(info, dict) else None
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{path}: 'class_names' must be a non-empty list of strings. "
+                         f"Received: {names!r}")
+    if ids is not None and (
+        not isinstance(ids, list) or len(ids) != len(names)
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
+        raise ValueError(f"{path}: 'category_ids' must be null or {len(names)} integers, one "
+                         f"per class name. Received: {ids!r}")
+    return tuple(names), ids
+
+
 class Detector:
     """A loaded ``Detector`` SavedModel (see `load_detector`).
 
@@ -197,10 +218,7 @@ class Detector:
         classes = os.path.join(self.path, CLASSES_FILE)
         if not os.path.isfile(classes):
             raise ValueError(f"{classes} is missing: the export has no class names.")
-        with open(classes, encoding="utf-8") as f:
-            info = json.load(f)
-        self.class_names = tuple(info["class_names"])
-        self.category_ids = info.get("category_ids")
+        self.class_names, self.category_ids = _read_classes(classes)
         loaded = tf.saved_model.load(self.path)
         self._images = loaded.signatures["serving_default"]
         self._bytes = loaded.signatures["serving_bytes"]

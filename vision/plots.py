@@ -22,7 +22,9 @@ def _pyplot():
 
 def _figure_size(height: int, width: int, columns: int = 1) -> tuple[float, float]:
     scale = max(1.0, 480.0 / max(height, width)) / 100.0  # small images drawn larger
-    return columns * width * scale, height * scale
+    # At least 2 inches a side, room for the title: an extreme aspect ratio (5000 x 10) is
+    # drawn letterboxed instead of in a figure too thin to lay out.
+    return columns * max(width * scale, 2.0), max(height * scale, 2.0)
 
 
 def _draw_boxes(ax, boxes, scores, labels, class_names) -> None:

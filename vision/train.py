@@ -138,8 +138,13 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         ``metrics.json``'s ``valid`` entry: AP, AP50, AP75 (pycocotools) and n images
         (empty when there is no validation split, and on non-chief workers).
 
+    A finished run rerun with nothing more to do returns its recorded scores and changes
+    nothing (`tfx_transformer.trainer.Trainer`).
+
     Raises:
-        ValueError: bad data or options.
+        ValueError: bad data or options (no training images among them), a broken file in
+            the work directory, or a NaN loss
+            (`tfx_transformer.callbacks.NonFiniteLossError`).
         vision.data.batching.TooManyObjectsError: an image with more objects than
             ``config.num_queries`` (DETR needs a query per object); a `ValueError`.
     """
@@ -147,13 +152,20 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         raise ValueError("`jit_compile=True` needs `matcher_solver='ops'`: the scipy matcher "
                          "is a host callback. Received: matcher_solver='scipy'")
     trainer = Trainer(workdir, run, log)
+    done = trainer.finished(config.epochs)
+    if done is not None:
+        return done
     source = load_source(data, valid_fraction=run.valid_fraction, seed=run.seed)
+    num_train, num_valid = source.num_examples("train"), source.num_examples("valid")
+    if num_train == 0:
+        held_out = f" ({num_valid} held out by valid_fraction={run.valid_fraction})" if (
+            num_valid) else ""
+        raise ValueError(f"--data {data}: no training images{held_out}; nothing to train on")
     limit = ObjectLimit(config.num_queries)  # DETR needs a query per object
     global_batch = config.batch_size * trainer.replicas
     sizes = dict(image_size=config.image_size, max_size=config.max_image_size)
     train_ds = source.batches("train", batch_size=global_batch, object_limit=limit,
                               seed=run.seed, augmentation=config.augmentation, **sizes)
-    num_train, num_valid = source.num_examples("train"), source.num_examples("valid")
     if num_valid is not None and run.eval_limit is not None:
         num_valid = min(num_valid, run.eval_limit)
     source.check_max_objects("valid", config.num_queries)
@@ -162,6 +174,9 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         valid_records = valid_records.take(run.eval_limit)
     valid_ds = None if num_valid == 0 else make_batches(
         valid_records, batch_size=global_batch, object_limit=limit, **sizes)
+    if valid_ds is not None and num_valid is not None:  # Keras then needs no "ran out of data"
+        valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(
+            math.ceil(num_valid / global_batch)))
     log(f"data: {data}, {source.num_classes} classes, {num_train} training images, "
         f"{num_valid} validation images")
 

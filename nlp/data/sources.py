@@ -88,10 +88,14 @@ def read_tsv(path: str | os.PathLike) -> list[Pair]:
         The `(source, target)` pairs in file order.
 
     Raises:
-        ValueError: If the file is missing, or a line is not UTF-8, has no tab or an empty side;
-            the message names the file and the line number.
+        ValueError: If the path is missing or a directory, the file holds no pair (empty or
+            blank lines only), or a line is not UTF-8, has no tab or an empty side; the message
+            names the file (and the line number).
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ValueError(f"TSV file {path} is a directory, not a file of source<TAB>target "
+                         "lines.")
     if not os.path.isfile(path):
         raise ValueError(f"TSV file not found. Received: path={path!r}")
     with open(path, "rb") as f:
@@ -118,6 +122,9 @@ def read_tsv(path: str | os.PathLike) -> list[Pair]:
             side = "source" if not source else "target"
             raise ValueError(f"{path}:{number}: empty {side} in {line[:80]!r}")
         pairs.append((source, target))
+    if not pairs:
+        what = "is empty (0 bytes)" if not data else "has only blank lines"
+        raise ValueError(f"TSV file {path} {what}: no source<TAB>target line.")
     return pairs
 
 

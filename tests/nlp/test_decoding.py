@@ -132,3 +132,40 @@ def test_decoding_settings_reject_bad_values(field, value, message):
     with pytest.raises(ValueError) as info:
         DecodingSettings(**{field: value})
     assert message in str(info.value)
+
+
+def _never_eos(vocab_size, seed=0):
+    """A random model whose output bias rules eos out, so every sentence runs to its limit."""
+    keras.utils.set_random_seed(seed)
+    model = Seq2SeqTransformer(vocab_size=vocab_size, num_encoder_layers=1, num_decoder_layers=1,
+                               d_model=32, num_heads=4, ffn_dim=64, dropout=0.0,
+                               tie_embeddings=False)
+    bias = np.zeros(vocab_size, "float32")
+    bias[EOS] = -1e4
+    model.output_projection.bias.assign(bias)
+    return model
+
+
+@pytest.mark.parametrize("method, kwargs", [
+    ("greedy", {}), ("greedy_uncached", {}), ("beam", dict(beam_size=3, length_penalty=0.6)),
+])
+def test_a_sentence_decodes_the_same_alone_and_beside_a_much_longer_one(method, kwargs):
+    # Each sentence's limit is its own length (eos included) + extra_length, not the padded
+    # batch's width: a sentence that runs to its limit decodes identically in both cases.
+    model, extra = _never_eos(30), 4
+    short, long = [5, 6, EOS], [*range(4, 24), EOS]
+    run = decoding.compile_search(model, method, extra_length=extra, **kwargs)
+    alone = np.asarray(run(np.array([short], "int32")))[0]
+    batch = np.asarray(run(np.array([short + [0] * (len(long) - len(short)), long], "int32")))
+    limit = len(short) + extra
+    assert alone.shape == (limit,) and batch.shape == (2, len(long) + extra)
+    assert list(alone).index(EOS) == limit - 1 and np.all(alone[:-1] > EOS)  # ran to its limit
+    np.testing.assert_array_equal(batch[0, :limit], alone)
+    assert np.all(batch[0, limit:] == 0)  # then padding only, however long the batch
+    assert list(batch[1]).index(EOS) == len(long) + extra - 1  # the long one: its own limit
+
+
+def test_an_explicit_max_length_applies_to_every_sentence():
+    model = _never_eos(30)
+    ids = np.asarray(decoding.greedy_search(model, SOURCE, max_length=7))
+    assert ids.shape == (3, 7) and np.all(ids[:, 6] == EOS) and np.all(ids[:, :6] > EOS)

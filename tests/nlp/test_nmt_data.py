@@ -60,6 +60,21 @@ def test_missing_tsv_file(tmp_path):
         sources.load_pairs(f"tsv:{tmp_path / 'nothere.tsv'}")
 
 
+@pytest.mark.parametrize("content, reason", [
+    (None, "is a directory"), (b"", "is empty (0 bytes)"), (b"\n  \r\n\n", "has only blank lines"),
+])
+def test_tsv_that_holds_no_pair_names_the_file(tmp_path, content, reason):
+    path = tmp_path / "pairs.tsv"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        sources.load_pairs(f"tsv:{path}", "all")
+    assert f"TSV file {path} {reason}" in str(info.value)
+    assert "not found" not in str(info.value)
+
+
 def test_tsv_split_is_deterministic_and_disjoint(tmp_path):
     lines = [f"sentence {i}\tSatz {i}" for i in range(200)] + ["sentence 7\tSatz sieben"]
     path = _write(tmp_path / "p.tsv", ("\ufeff" + "\r\n".join(lines) + "\n").encode("utf-8"))

@@ -13,12 +13,13 @@ import pytest
 import tensorflow as tf
 
 from nlp.config import preset
+from nlp.data.batching import make_batches
 from nlp.data.embedded import generate_pairs
 from nlp.decoding import DecodingSettings, search
 from nlp.export import SOURCE_LENGTH_MULTIPLE, export_translator, make_translate_fn
 from nlp.model import Seq2SeqTransformer
 from nlp.tokenizer import Tokenizer, train_tokenizer
-from nlp.train import train_nmt
+from nlp.train import build_tokenizer, count_batches, train_nmt
 from tfx_transformer.run import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,39 +73,7 @@ def test_export_runs_without_this_project_and_matches_in_process(tiny_translator
         assert len(got) == 3 and all(isinstance(t, str) for t in got)
 
 
-@pytest.mark.slow
-def test_resume_continues_from_the_next_epoch(tmp_path):
-    tsv = tmp_path / "pairs.tsv"
-    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(120)), encoding="utf-8")
-
-    class Crash(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            if epoch == 0:
-                raise RuntimeError("killed after epoch 1")
-
-    class Record(keras.callbacks.Callback):
-        epochs = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epochs.append(epoch)
-
-    common = dict(data=f"tsv:{tsv}", workdir=str(tmp_path / "run"),
-                  config=preset("tiny", vocab_size=120, batch_tokens=512, beam_size=1),
-                  run=RunOptions(epochs=3, eval_limit=4), log=lambda *a: None)
-    with pytest.raises(RuntimeError, match="killed"):
-        train_nmt(**common, callbacks=[Crash()])
-    first = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
-    assert [e["epoch"] for e in first] == [1]
-    record = Record()
-    train_nmt(**common, callbacks=[record])
-    assert record.epochs == [1, 2]  # epochs 2 and 3: not from scratch
-    history = json.loads((tmp_path / "run" / "metrics.json").read_text())["history"]
-    assert [e["epoch"] for e in history] == [1, 2, 3]
-    assert (tmp_path / "run" / "export" / "saved_model.pb").exists()
-    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["valid"]["n"] == 4 and len(metrics["samples"]) == 4
-    assert metrics["config"]["decoding"]["beam_size"] == 1
-    assert metrics["config"]["vocab_size"] == 120
+# Resume after a kill in every phase, through train_nmt.py: tests/scripts/test_run_lifecycle.py.
 
 
 @pytest.mark.slow
@@ -200,3 +169,43 @@ def test_cross_attention_plot(tiny_translator, tmp_path):
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
     path = plot_cross_attention(model, tokenizer, "I have three apples.", tmp_path / "a.png")
     assert Path(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_counted_batches_are_the_batches_of_every_shuffled_epoch(tmp_path):
+    pairs = generate_pairs(150)
+    path = train_tokenizer([t for p in pairs for t in p], str(tmp_path / "t.model"),
+                           vocab_size=150)
+    tokenizer = Tokenizer.from_file(path)
+    ds = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
+    for batch_tokens, max_length in ((256, 64), (100, 30), (64, 26)):
+        kept, dropped, batches = count_batches(pairs, tokenizer, batch_tokens, max_length)
+        assert kept + dropped == 150 and kept > 0 and batches > 1
+        out, stats = make_batches(ds, tokenizer, batch_tokens, max_length, seed=1)
+        assert [sum(1 for _ in out) for _ in range(2)] == [batches, batches]
+        assert stats.result() == {"kept": 2 * kept, "dropped": 2 * dropped}  # two epochs
+    assert dropped > 0  # max_length 26 drops some
+
+
+def test_a_reused_tokenizer_of_another_vocab_size_is_an_error_that_says_what_to_do(tmp_path):
+    pairs, lines = generate_pairs(100), []
+    path = str(tmp_path / "tokenizer.model")
+    first = build_tokenizer(path, pairs, 120, lines.append)
+    again = build_tokenizer(path, generate_pairs(50, seed=3), 120, lines.append)  # kept as is
+    assert again.model_proto == first.model_proto
+    with pytest.raises(ValueError) as info:
+        build_tokenizer(path, pairs, 300, lines.append)
+    assert str(info.value) == (
+        f"{path} was trained with --vocab-size 120, not 300, and this work directory keeps its "
+        f"tokenizer (a vocabulary of {first.vocab_size}): rerun with --vocab-size 120 to go on "
+        "with it, or with --restart (or a new --workdir) to train a new one")
+    assert Tokenizer.from_file(path).model_proto == first.model_proto
+
+
+def test_no_pair_short_enough_is_an_error_before_anything_is_written(tmp_path):
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(40)), encoding="utf-8")
+    work = tmp_path / "run"
+    with pytest.raises(ValueError, match="training pairs are longer than max_length=2 tokens"):
+        train_nmt(f"tsv:{tsv}", work, preset("tiny", vocab_size=100, max_length=2),
+                  RunOptions(max_steps=2), log=lambda *a: None)
+    assert sorted(os.listdir(work)) == ["checkpoints", "logs"]

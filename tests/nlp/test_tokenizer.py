@@ -115,3 +115,48 @@ def test_bad_arguments(tmp_path):
         Tokenizer("a string")
     with pytest.raises(ValueError, match="missing.model"):
         Tokenizer.from_file(tmp_path / "missing.model")
+
+
+def test_too_small_vocab_size_names_the_smallest_that_works(tmp_path):
+    texts = ["Ich habe zwölf Äpfel.", "I have twelve apples."]
+    with pytest.raises(ValueError) as info:
+        train_tokenizer(texts, tmp_path / "x.model", vocab_size=10)
+    message = str(info.value)
+    assert "`vocab_size` (--vocab-size) must be at least" in message
+    assert message.endswith("Received: vocab_size=10")
+    needed = int(message.split("at least ")[1].split()[0])
+    assert needed > 10
+    assert not (tmp_path / "x.model").exists()
+    with pytest.raises(ValueError, match=f"at least {needed} "):  # the bound is exact
+        train_tokenizer(texts, tmp_path / "x.model", vocab_size=needed - 1)
+    path = train_tokenizer(texts, tmp_path / "x.model", vocab_size=needed)
+    assert Tokenizer.from_file(path).vocab_size >= needed - 1
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"", "is empty (0 bytes)"),
+    (b"\x00\x01 not a model", "not a valid SentencePiece model"),
+    (None, "is a directory"),
+])
+def test_unreadable_tokenizer_file_names_its_path(tmp_path, content, reason):
+    path = tmp_path / "work" / "tokenizer.model"
+    if content is None:
+        path.mkdir(parents=True)
+    else:
+        path.parent.mkdir()
+        path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        Tokenizer.from_file(path)
+    assert str(path) in str(info.value) and reason in str(info.value)
+
+
+def test_tokenizer_with_other_special_ids_names_its_path(tmp_path):
+    import sentencepiece as spm
+
+    path = tmp_path / "other.model"
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(SENTENCES * 3), model_prefix=
+                                   str(tmp_path / "other"), vocab_size=60, hard_vocab_limit=False,
+                                   minloglevel=2)
+    with pytest.raises(ValueError) as info:
+        Tokenizer.from_file(path)
+    assert str(path) in str(info.value) and "special ids" in str(info.value)

@@ -91,8 +91,73 @@ def test_load_translator_errors(exported, tmp_path):
         export.load_translator(path, beam_size=2)
     with pytest.raises(ValueError, match="beam_size=0"):
         export.load_translator(path, beam_size=0)
-    with pytest.raises(ValueError, match="No exported model at .*nothing"):
+    with pytest.raises(export.NotATranslatorError) as info:
         export.load_translator(tmp_path / "nothing")
+    assert str(info.value) == f"{tmp_path / 'nothing'} does not exist (expected DIR/export of " \
+                              "a trained translator)"
+
+
+def _signature_module(input_name, dtype):
+    module = tf.Module()
+    module.f = tf.function(lambda x: {"out": x}, input_signature=[tf.TensorSpec([None], dtype,
+                                                                               name=input_name)])
+    return module
+
+
+@pytest.mark.parametrize("layout, reason", [
+    ("file", "is a file, not an export directory"),
+    ("empty", "has no saved_model.pb, so it is no export (expected DIR/export"),
+    ("workdir", "has no saved_model.pb, so it is no export (a work directory? its export is "),
+    ("detector", "is a detector export (has classes.json), not a translator"),
+    ("images", "has no 'text' signature input (its 'serving_default' takes ['images'])"),
+    ("other_signature", "has no 'serving_default' signature (it has ['other'])"),
+    ("corrupt", "saved_model.pb"),
+])
+def test_what_is_not_a_translator_is_named(exported, tmp_path, layout, reason):
+    path = tmp_path / "model"
+    if layout == "file":
+        path.write_text("x")
+    elif layout == "workdir":
+        shutil.copytree(exported[2], path / "export")
+    elif layout == "detector":
+        path.mkdir()
+        (path / "saved_model.pb").write_bytes(b"whatever")
+        (path / "classes.json").write_text('{"class_names": ["cat"], "category_ids": null}')
+    elif layout in ("images", "other_signature"):
+        module = _signature_module("images", tf.uint8)
+        name = "serving_default" if layout == "images" else "other"
+        tf.saved_model.save(module, str(path), signatures={name: module.f})
+    elif layout == "corrupt":
+        path.mkdir()
+        (path / "saved_model.pb").write_bytes(b"\x00garbage\xff" * 10)
+    else:
+        path.mkdir()
+    with pytest.raises(export.NotATranslatorError) as info:
+        export.load_translator(path)
+    assert info.value.path == str(path) and reason in info.value.reason
+    assert str(info.value).startswith(f"{path} ")
+
+
+def test_a_sentence_translates_the_same_alone_and_in_a_batch(exported):
+    # A model that never ends a sentence: each runs to its limit, its own length +
+    # extra_length, whatever the batch's width or the 16-token XLA padding.
+    _, tokenizer, _ = exported
+    keras.utils.set_random_seed(2)
+    model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
+                               num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
+                               dropout=0.0, max_positions=128, tie_embeddings=False)
+    bias = np.zeros(tokenizer.vocab_size, "float32")
+    bias[EOS_ID] = -1e4
+    model.output_projection.bias.assign(bias)
+    short, long = TEXTS[0], " ".join([TEXTS[2]] * 4)
+    # (Without XLA, to stay fast: the 16-token XLA padding is padding like the batch's.)
+    translate = export.make_translate_fn(model, tokenizer, DECODING, jit_compile=False)
+    alone = translate(tf.constant([short])).numpy()[0]
+    batch = translate(tf.constant([short, long])).numpy()
+    assert batch[0] == alone
+    ids = tokenizer.tokenize(tf.constant([short, long])).to_list()
+    assert len(ids[1]) > len(ids[0]) + 2 * DECODING.extra_length  # much longer
+    assert 0 < len(alone) < len(batch[1])  # the long one's translation is longer
 
 
 def test_make_translate_fn_takes_decoding_settings(exported):

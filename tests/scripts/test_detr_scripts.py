@@ -1,8 +1,11 @@
 """train_detr.py, detect.py and evaluate_detr.py through their command lines."""
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,7 +51,8 @@ def coco_dir(tmp_path_factory):
             annotations.append({"id": len(annotations) + 1, "image_id": i + 1,
                                 "category_id": int(label) + 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
                                 "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
-    categories = [{"id": i + 1, "name": n} for i, n in enumerate(("circle", "square", "tri"))]
+    categories = [{"id": i + 1, "name": n}
+                  for i, n in enumerate(("circle", "square", "triangle"))]
     (tmp / "ann.json").write_text(json.dumps(
         {"images": images, "annotations": annotations, "categories": categories}))
     return tmp
@@ -60,7 +64,6 @@ def test_train_writes_the_work_directory(trained):
     for name in ("metrics.json", "export/saved_model.pb", "export/classes.json", "logs",
                  "checkpoints/epoch-001.weights.h5"):
         assert (work / name).exists(), name
-    assert not (work / "backup").exists()  # removed after a finished fit
     metrics = json.loads((work / "metrics.json").read_text())
     valid = metrics["valid"]
     assert valid["n"] == 4 and all(0.0 <= valid[k] <= 1.0 for k in ("AP", "AP50", "AP75"))
@@ -136,3 +139,130 @@ def test_bad_input_is_one_error_line_and_keeps_the_work_directory(tmp_path, caps
     with pytest.raises(SystemExit) as exit_info:
         _main("detect.py")("--model", tmp_path, "--threshold", "2", "x.png")
     assert exit_info.value.code == 2
+
+
+# --- detect.py and evaluate_detr.py on a small untrained export (no training: fast) ----------
+
+NAMES = ("circle", "square", "triangle")
+
+
+@pytest.fixture(scope="module")
+def small_export(tmp_path_factory):
+    """An untrained tiny detector's export (labels circle, square, triangle; no category ids)."""
+    from vision.config import preset
+    from vision.export import export_detector
+    from vision.model import build_model
+
+    config = preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=4,
+                    tiny_filters=(8, 8, 16), num_encoder_layers=1, num_decoder_layers=1)
+    path = tmp_path_factory.mktemp("small") / "export"
+    export_detector(build_model(config, len(NAMES)), path, NAMES, 48, 64)
+    return path
+
+
+def _save_noise(path, height, width, seed):
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return pixels
+
+
+def test_detect_takes_any_readable_image_and_names_each_unreadable_one(small_export, tmp_path,
+                                                                      capsys):
+    _save_noise(tmp_path / "wide.png", 10, 5000, 0)
+    _save_noise(tmp_path / "tall.png", 5000, 10, 1)
+    (tmp_path / "broken.png").write_bytes(b"this is no image")
+    (tmp_path / "folder.png").mkdir()
+    out = tmp_path / "out"
+    images = ["wide.png", "broken.png", "missing.jpg", "folder.png", "tall.png"]
+    code = _main("detect.py")("--model", small_export, "--threshold", 0.0, "--out", out,
+                              *(tmp_path / name for name in images))
+    err = capsys.readouterr().err
+    assert code == 1, err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3, err
+    for line, name in zip(errors, ("broken.png", "missing.jpg", "folder.png")):
+        assert line.startswith("error: cannot read image ") and name in line, line
+    assert "wide.png" not in err and "tall.png" not in err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "tall.json", "tall.png", "wide.json", "wide.png"]
+    for name, size in (("wide", (10, 5000)), ("tall", (5000, 10))):
+        report = json.loads((out / f"{name}.json").read_text())
+        assert (report["height"], report["width"]) == size
+        assert len(report["detections"]) == 4  # threshold 0: every query
+        assert Image.open(out / f"{name}.png").format == "PNG"
+
+
+def _coco_of_own_detections(folder, export, categories):
+    """Three noise images (one 5000 x 10) whose ground truth is the export's best detection
+    of each, under `categories` (id -> name); returns (annotations path, pycocotools' AP)."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from vision.export import load_detector
+
+    detector = load_detector(export)
+    id_of = {name: i for i, name in categories.items()}
+    content = {"images": [], "annotations": [],
+               "categories": [{"id": i, "name": n} for i, n in categories.items()]}
+    results = []
+    for index, (height, width) in enumerate([(10, 5000), (30, 40), (40, 30)]):
+        pixels = _save_noise(folder / f"{index}.png", height, width, index)
+        found = detector(pixels[None])
+        content["images"].append({"id": index + 1, "file_name": f"{index}.png",
+                                  "height": height, "width": width})
+        boxes = found["boxes"][0].astype(np.float64)
+        names = [NAMES[label] for label in found["labels"][0]]
+        for box, name, score in zip(boxes, names, found["scores"][0]):
+            results.append({"image_id": index + 1, "category_id": id_of[name], "score":
+                            float(score), "bbox": [*box[:2], *(box[2:] - box[:2])]})
+        best = int(np.argmax(found["scores"][0]))
+        x0, y0 = max(boxes[best][0], 0.0), max(boxes[best][1], 0.0)
+        x1, y1 = min(boxes[best][2], width), min(boxes[best][3], height)
+        content["annotations"].append({
+            "id": index + 1, "image_id": index + 1, "category_id": id_of[names[best]],
+            "bbox": [x0, y0, x1 - x0, y1 - y0], "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+    path = folder / "ann.json"
+    path.write_text(json.dumps(content))
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints progress
+        ground_truth = COCO(str(path))
+        evaluator = COCOeval(ground_truth, ground_truth.loadRes(results), iouType="bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return path, [round(float(v), 6) for v in evaluator.stats[:3]]
+
+
+def _with_category_ids(export, folder, ids):
+    copy = folder / "export-ids"
+    shutil.copytree(export, copy)
+    (copy / "classes.json").write_text(json.dumps({"class_names": list(NAMES),
+                                                   "category_ids": ids}))
+    return copy
+
+
+def test_evaluate_maps_labels_through_classes_json_or_names_both_lists(small_export, tmp_path,
+                                                                       capsys):
+    # The file lists the classes in another order: triangle is id 1, circle 2, square 3.
+    path, want = _coco_of_own_detections(tmp_path, small_export,
+                                         {1: "triangle", 2: "circle", 3: "square"})
+    assert want[1] > 0  # the best detection of each image is found
+    evaluate = _main("evaluate_detr.py")
+    data = f"coco:{tmp_path}:{path}"
+    for model in (small_export, _with_category_ids(small_export, tmp_path, [2, 3, 1])):
+        assert evaluate("--model", model, "--data", data) == 0  # by name, then by id
+        scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert [scores[k] for k in ("AP", "AP50", "AP75")] == want and scores["n"] == 3
+    # Ids that disagree with the names, or other classes: refused, both lists named.
+    wrong = _with_category_ids(small_export, tmp_path / "w", [1, 2, 3])
+    assert evaluate("--model", wrong, "--data", data) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --model ")
+    assert "model [1: 'circle', 2: 'square', 3: 'triangle']" in err
+    assert "data [1: 'triangle', 2: 'circle', 3: 'square']" in err
+    other = json.loads(path.read_text())
+    other["categories"] = [{"id": i, "name": n} for i, n in ((1, "cat"), (2, "dog"), (3, "owl"))]
+    path.write_text(json.dumps(other))
+    assert evaluate("--model", small_export, "--data", data) == 2
+    err = capsys.readouterr().err
+    assert "class names must agree" in err
+    assert "model ['circle', 'square', 'triangle'], data [1: 'cat', 2: 'dog', 3: 'owl']" in err

@@ -91,13 +91,18 @@ def test_train_detr_flags(monkeypatch, tmp_path):
     ("train_detr.py", "train_detr", ["--eval-limit", "-3"]),
     ("train_detr.py", "train_detr", ["--xla"]),  # not a flag of this script
     ("train_detr.py", "train_detr", ["--backbone-weights", "/no/such/file.h5"]),
+    ("train_detr.py", "train_detr", ["--learning-rate", "nan"]),
+    ("train_detr.py", "train_detr", ["--learning-rate", "inf"]),
+    ("train_detr.py", "train_detr", ["--batch-size", "0"]),
+    ("train_nmt.py", "train_nmt", ["--time-budget", "nan"]),
 ])
 def test_bad_flags_exit_2_before_training(script, trainer, argv, monkeypatch, capsys):
     module, calls = _script(script, trainer, monkeypatch)
     with pytest.raises(SystemExit) as exit_info:
         module.main(["--workdir", "w", *argv])
     assert exit_info.value.code == 2 and calls == []
-    assert "error:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error:" in err and argv[0] in err.splitlines()[-1]  # names the flag typed
 
 
 @pytest.mark.parametrize("script, trainer", [("train_nmt.py", "train_nmt"),
@@ -107,7 +112,7 @@ def test_out_of_range_run_options_are_one_error_line(script, trainer, monkeypatc
     assert run_cli(module.main, ["--workdir", "w", "--valid-fraction", "1"]) == 2
     assert calls == []
     assert capsys.readouterr().err == (
-        "error: `valid_fraction` must be in [0, 1). Received: valid_fraction=1.0\n")
+        "error: `--valid-fraction` must be in [0, 1). Received: --valid-fraction 1.0\n")
 
 
 class _Stop(Exception):
@@ -136,3 +141,12 @@ def test_quickstart_trains_both_tiny_presets(monkeypatch, tmp_path):
     ]
     with pytest.raises(SystemExit):
         module.main(["--minutes", "0"])
+
+
+def test_config_errors_name_the_flag(monkeypatch, capsys):
+    module, calls = _script("train_nmt.py", "train_nmt", monkeypatch)
+    # 1 passes argparse (> 0); the config's own rule names its field, the user sees the flag.
+    assert run_cli(module.main, ["--workdir", "w", "--max-length", "1"]) == 2
+    err = capsys.readouterr().err
+    assert calls == [] and err.startswith("error: ") and "--max-length" in err, err
+    assert "max_length" not in err.replace("--max-length", "")

@@ -10,7 +10,9 @@ import pytest
 from tfx_transformer.callbacks import (
     MaxSteps,
     MetricsLogger,
+    NonFiniteLossError,
     TimeBudget,
+    inject_fault,
     plan_epochs,
     standard_callbacks,
 )
@@ -113,8 +115,7 @@ def test_max_steps_stops_and_is_reported(tmp_path):
     callbacks = standard_callbacks(tmp_path, time_budget_minutes=60, max_steps=3,
                                    keep_backup=True, tensorboard=False)
     assert [type(c).__name__ for c in callbacks] == [
-        "BackupAndRestore", "ModelCheckpoint", "TerminateOnNaN", "TimeBudget", "MaxSteps",
-        "MetricsLogger"]
+        "RunGuard", "Backup", "ModelCheckpoint", "TimeBudget", "MaxSteps", "MetricsLogger"]
     history = model.fit(X, Y, batch_size=4, epochs=5, verbose=0,
                         callbacks=callbacks + [recorder])
     assert recorder.steps == 3 and int(model.optimizer.iterations) == 3
@@ -133,8 +134,8 @@ def test_non_chief_workers_do_not_write(tmp_path, monkeypatch):
     callbacks = standard_callbacks(tmp_path, max_steps=2, tensorboard=True)
     names = [type(c).__name__ for c in callbacks]
     assert "TensorBoard" not in names and names[-1] == "MetricsLogger"
-    assert callbacks[0].backup_dir == str(tmp_path / "backup-worker-1")
-    assert str(tmp_path) not in callbacks[1].filepath  # checkpoints go to a temporary dir
+    assert callbacks[1].backup_dir == str(tmp_path / "backup-worker-1")
+    assert str(tmp_path) not in callbacks[2].filepath  # checkpoints go to a temporary dir
     tiny_model().fit(X, Y, batch_size=4, epochs=3, verbose=0, callbacks=callbacks)
     assert not (tmp_path / "metrics.json").exists()
     assert not any((tmp_path / "checkpoints").iterdir())
@@ -162,3 +163,72 @@ def test_plan_epochs():
     assert plan_epochs(10, 3, 5) == 1
     with pytest.raises(ValueError, match="max_steps"):
         MaxSteps(0)
+
+
+def _snapshot(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_a_nan_loss_raises_before_its_epoch_is_saved(tmp_path, monkeypatch):
+    model = tiny_model()
+    model.fit(X, Y, batch_size=4, epochs=1, verbose=0,
+              callbacks=standard_callbacks(tmp_path, keep_backup=True, tensorboard=False))
+    before = _snapshot(tmp_path)
+    assert "backup/latest.weights.h5" in before and "checkpoints/epoch-001.weights.h5" in before
+    monkeypatch.setenv("TFX_TRANSFORMER_FAULT", "nan:4")  # epoch 2's second step
+    with pytest.raises(NonFiniteLossError, match="loss is nan at step 4 .epoch 2.") as info:
+        model.fit(X, Y, batch_size=4, epochs=3, verbose=0,
+                  callbacks=standard_callbacks(tmp_path, keep_backup=True, tensorboard=False))
+    assert (info.value.step, info.value.epoch) == (4, 2)
+    assert "epoch-001.weights.h5" in str(info.value)  # names the last good state
+    assert _snapshot(tmp_path) == before  # no NaN checkpoint, backup and history untouched
+
+
+def test_an_inf_loss_from_the_data_raises_too(tmp_path):
+    bad_y = Y.copy()
+    bad_y[5] = np.inf  # in the second batch
+    with pytest.raises(NonFiniteLossError, match="step 2 .epoch 1."):
+        tiny_model().fit(X, bad_y, batch_size=4, epochs=2, verbose=0,
+                         callbacks=standard_callbacks(tmp_path, tensorboard=False))
+    assert not any((tmp_path / "checkpoints").iterdir())
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data")  # it did: nothing at all
+def test_an_epoch_without_batches_is_an_error_not_an_endless_loop(tmp_path):
+    import tensorflow as tf
+
+    empty = tf.data.Dataset.from_tensor_slices((X, Y)).filter(lambda x, y: False).batch(4)
+    with pytest.raises(ValueError, match="epoch 1 had no training batches"):
+        tiny_model().fit(empty, epochs=1000, verbose=0, shuffle=False,
+                         callbacks=standard_callbacks(tmp_path, max_steps=2, tensorboard=False))
+    assert not any((tmp_path / "checkpoints").iterdir()) and not (tmp_path / "backup").exists()
+
+
+def test_a_corrupt_backup_is_named(tmp_path):
+    model = tiny_model()
+    model.fit(X, Y, batch_size=4, epochs=2, verbose=0,
+              callbacks=standard_callbacks(tmp_path, keep_backup=True, tensorboard=False))
+    weights = tmp_path / "backup" / "latest.weights.h5"
+    # Cut short, as by a kill during its write: the previous backup (.bkp) takes over.
+    weights.write_bytes(weights.read_bytes()[:100])
+    recorder = Recorder()
+    tiny_model().fit(X, Y, batch_size=4, epochs=3, verbose=0, callbacks=standard_callbacks(
+        tmp_path, keep_backup=True, tensorboard=False) + [recorder])
+    assert recorder.epochs == [1, 2]  # from epoch 1's backup
+    weights.write_bytes(b"not hdf5")
+    (tmp_path / "backup" / "latest.weights.h5.bkp").write_bytes(b"not either")
+    (tmp_path / "backup" / "training_metadata.json").write_text('{"epoch": 1, "batch": 0}')
+    with pytest.raises(ValueError, match="cannot resume from .*latest.weights.h5.*--restart"):
+        tiny_model().fit(X, Y, batch_size=4, epochs=3, verbose=0,
+                         callbacks=standard_callbacks(tmp_path, tensorboard=False))
+
+
+def test_fault_hook_values(monkeypatch, tmp_path):
+    monkeypatch.setenv("TFX_TRANSFORMER_FAULT", "sometimes")
+    with pytest.raises(ValueError, match="TFX_TRANSFORMER_FAULT must be"):
+        inject_fault("export")
+    monkeypatch.setenv("TFX_TRANSFORMER_FAULT", "evaluate")
+    inject_fault("export")  # another phase: nothing happens
+    assert [type(c).__name__ for c in standard_callbacks(tmp_path, tensorboard=False)][-1] == (
+        "MetricsLogger")

@@ -11,6 +11,7 @@ from tfx_transformer.cli import (
     add_override_arguments,
     add_run_arguments,
     fail,
+    name_flags,
     overrides_from_args,
     positive,
     run_cli,
@@ -33,7 +34,9 @@ def test_positive_parses_its_kind_and_rejects_the_rest():
                                 (as_int, "-2", "must be > 0"),
                                 (as_int, "1.5", "expected a int, got '1.5'"),
                                 (as_float, "-0.1", "must be > 0"),
-                                (as_float, "nan", "must be > 0"),
+                                (as_float, "nan", "must be a finite number > 0, got 'nan'"),
+                                (as_float, "inf", "must be a finite number > 0"),
+                                (as_float, "-inf", "must be a finite number > 0"),
                                 (as_float, "x", "expected a float")):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             parse(bad)
@@ -64,6 +67,7 @@ def test_run_flags_parse_into_run_options():
     assert run_options_from_args(args) == RunOptions(
         strategy="mirrored", mixed_precision="bfloat16", epochs=3, max_steps=7,
         time_budget=0.5, seed=5, valid_fraction=0.1, eval_limit=1000, jit_compile=True)
+    assert run_options_from_args(parser.parse_args(["--workdir", "w", "--restart"])).restart
     assert parser.parse_args(["--workdir", "w"]).eval_limit == 1000  # default, no flag
     assert _exit_code(parser, ["--workdir", "w", "--eval-limit", "5"]) == 2  # no such flag
     for bad in (["--strategy", "tpu"], ["--time-budget", "0"], ["--epochs", "x"],
@@ -127,3 +131,35 @@ def test_run_cli_reports_an_interrupt(capsys):
 
     assert run_cli(interrupted) == 130
     assert capsys.readouterr().err == "error: interrupted\n"
+
+
+def test_errors_name_the_flag_that_set_a_field(capsys, monkeypatch):
+    monkeypatch.delenv("TFX_TRANSFORMER_DEBUG", raising=False)
+    flags = {"batch_size": "--batch-size", "max_length": "--max-length"}
+    assert name_flags("`batch_size` must be > 0. Received: batch_size=0", flags) == (
+        "`--batch-size` must be > 0. Received: --batch-size 0")
+    assert name_flags("`NMTConfig.max_length` must be <= `max_positions`", flags) == (
+        "`--max-length` must be <= `max_positions`")
+    # Only whole names: `max_length_x`, `my_batch_size=` and plain words stay as they are.
+    text = "max_length_x=1 my_batch_size=2 the batch_size of max_length=3"
+    assert name_flags(text, flags) == (
+        "max_length_x=1 my_batch_size=2 the batch_size of --max-length 3")
+    parser = argparse.ArgumentParser()  # the parsers' tables are what run_cli maps
+    add_run_arguments(parser)
+    add_override_arguments(parser, {"num_queries": ("--num-queries", dict(type=int))})
+
+    def bad():
+        raise ValueError("`num_queries` must be >= 1. Received: num_queries=0 and seed=1.5")
+
+    assert run_cli(bad) == 2
+    assert capsys.readouterr().err == (
+        "error: `--num-queries` must be >= 1. Received: --num-queries 0 and --seed 1.5\n")
+
+
+def test_verbose_and_restart_flags():
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    args = parser.parse_args(["--workdir", "w"])
+    assert (args.verbose, args.restart) == (False, False)
+    args = parser.parse_args(["--workdir", "w", "--verbose", "--restart"])
+    assert args.verbose and run_options_from_args(args) == RunOptions(restart=True)

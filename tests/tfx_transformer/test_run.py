@@ -10,8 +10,8 @@ from tfx_transformer.run import LONG_RUN_EPOCHS, RunOptions
 def test_defaults_and_frozen():
     run = RunOptions()
     assert (run.strategy, run.mixed_precision, run.epochs, run.max_steps, run.time_budget,
-            run.seed, run.valid_fraction, run.eval_limit, run.jit_compile) == (
-        "auto", "none", None, None, None, 0, 0.05, None, False)
+            run.seed, run.valid_fraction, run.eval_limit, run.jit_compile, run.restart) == (
+        "auto", "none", None, None, None, 0, 0.05, None, False, False)
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.seed = 1
     assert dataclasses.replace(run, seed=3).seed == 3
@@ -20,8 +20,9 @@ def test_defaults_and_frozen():
 @pytest.mark.parametrize("field, value", [
     ("strategy", "tpu"), ("mixed_precision", "fp16"), ("epochs", 0), ("epochs", 2.0),
     ("epochs", True), ("max_steps", -1), ("eval_limit", 0), ("time_budget", 0),
-    ("time_budget", -0.5), ("time_budget", "1"), ("seed", 1.5), ("seed", None),
-    ("valid_fraction", 1.0), ("valid_fraction", -0.1), ("jit_compile", 1),
+    ("time_budget", -0.5), ("time_budget", "1"), ("seed", 1.5), ("seed", None), ("seed", -1),
+    ("seed", 2**32),
+    ("valid_fraction", 1.0), ("valid_fraction", -0.1), ("jit_compile", 1), ("restart", "yes"),
 ])
 def test_invalid_values_name_the_field_and_the_value(field, value):
     with pytest.raises(ValueError, match=f"`{field}` must be .* Received: {field}={value!r}"):
@@ -30,7 +31,8 @@ def test_invalid_values_name_the_field_and_the_value(field, value):
 
 def test_valid_edge_values():
     run = RunOptions(valid_fraction=0.0, time_budget=2, epochs=1, max_steps=1, eval_limit=1,
-                     strategy="mirrored", mixed_precision="float16", jit_compile=True, seed=-1)
+                     strategy="mirrored", mixed_precision="float16", jit_compile=True,
+                     seed=2**32 - 1)
     assert run.time_budget == 2 and run.valid_fraction == 0.0
 
 

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfx_transformer.workdir import Workdir, read_metrics, to_json, write_metrics
+from tfx_transformer.workdir import (
+    Workdir,
+    read_metrics,
+    read_state,
+    to_json,
+    write_metrics,
+    write_state,
+)
 
 
 def test_write_metrics_merges_and_converts(tmp_path):
@@ -63,3 +70,24 @@ def test_workdir_keeps_existing_files(tmp_path):
     assert (tmp_path / "new" / "dir" / "checkpoints").is_dir()
     with pytest.raises(ValueError, match="tokenizer.model"):
         Workdir(tmp_path / "tokenizer.model")
+
+
+def test_metrics_json_must_hold_an_object(tmp_path):
+    for text, message in (("[]", "must hold a JSON object, not list"),
+                          ("3", "not int"), ("\xff", "not valid JSON")):
+        (tmp_path / "metrics.json").write_text(text, encoding="latin-1")
+        with pytest.raises(ValueError, match=message) as info:
+            write_metrics(tmp_path, {"a": 1})
+        assert str(tmp_path / "metrics.json") in str(info.value)
+        assert (tmp_path / "metrics.json").read_text(encoding="latin-1") == text
+
+
+def test_run_state_is_merged_and_checked(tmp_path):
+    assert read_state(tmp_path) == {}
+    write_state(tmp_path, phase="training", request={"epochs": 3})
+    assert write_state(tmp_path, phase="trained", steps=np.int64(6)) == read_state(tmp_path) == {
+        "phase": "trained", "request": {"epochs": 3}, "steps": 6}
+    assert sorted(os.listdir(tmp_path)) == ["run.json"]  # no temporary file left
+    (tmp_path / "run.json").write_text('{"phase": "half"}')
+    with pytest.raises(ValueError, match="unknown phase 'half'"):
+        read_state(tmp_path)

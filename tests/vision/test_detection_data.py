@@ -52,7 +52,7 @@ def coco_files(tmp_path):
     boxes = [  # (image_id, category_id, bbox, iscrowd)
         (10, 7, [5, 6, 10, 8], 0),  # kept: (5, 6, 15, 14)
         (10, 3, [35.5, 20, 10, 20], 0),  # clipped to (35.5, 20, 40, 30)
-        (10, 3, [1, 1, 5, 5], 1),  # crowd: dropped
+        (10, 3, [1, 1, 5, 5], 1),  # crowd: no target, kept apart
         (10, 11, [10, 10, 0, 5], 0),  # zero width: dropped
         (10, 11, [45, 5, 5, 5], 0),  # right of the image: empty after clipping, dropped
         (11, 11, [2, 3, 4, 40], 0),  # kept: (2, 3, 6, 43)
@@ -77,6 +77,10 @@ def test_coco_reader_keeps_exactly_the_valid_boxes(coco_files):
     assert [image.image_id for image in result.images] == [10, 11, 12, 13]
     np.testing.assert_allclose(by_name["rgb.jpg"].boxes, [[5, 6, 15, 14], [35.5, 20, 40, 30]])
     np.testing.assert_array_equal(by_name["rgb.jpg"].labels, [1, 0])
+    # The crowd box is no target, but kept apart for the evaluation.
+    np.testing.assert_allclose(by_name["rgb.jpg"].crowd_boxes, [[1, 1, 6, 6]])
+    np.testing.assert_array_equal(by_name["rgb.jpg"].crowd_labels, [0])
+    assert by_name["gray.png"].crowd_boxes.shape == (0, 4)
     np.testing.assert_allclose(by_name["gray.png"].boxes, [[2, 3, 6, 43]])
     np.testing.assert_array_equal(by_name["gray.png"].labels, [2])
     np.testing.assert_allclose(by_name["rgba.png"].boxes, [[0, 0, 6, 10]])
@@ -343,9 +347,9 @@ def _expected_tfds(example, crowd_key):
     boxes = np.stack([xmin * w, ymin * h, xmax * w, ymax * h], -1)
     boxes = np.clip(boxes, 0, [w, h, w, h])
     keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-    if crowd_key:
-        keep &= ~objects[crowd_key]
-    return boxes[keep], objects["label"][keep]
+    crowd = keep & objects[crowd_key] if crowd_key else np.zeros_like(keep)
+    keep &= ~crowd
+    return boxes[keep], objects["label"][keep], boxes[crowd], objects["label"][crowd]
 
 
 @pytest.mark.parametrize("name, num_classes, crowd", [("coco/2017", 80, "is_crowd"),
@@ -361,11 +365,14 @@ def test_tfds_sources_under_mock_data(name, num_classes, crowd):
     assert len(records) == len(raw) == 4
     dropped = 0
     for record, example in zip(records, raw):
-        boxes, labels = _expected_tfds(example, crowd)
+        boxes, labels, crowd_boxes, crowd_labels = _expected_tfds(example, crowd)
         dropped += min(len(example["objects"][k]) for k in ("bbox", "label")) - len(labels)
         np.testing.assert_array_equal(record["image"], example["image"])
         np.testing.assert_allclose(record["boxes"], boxes, rtol=1e-6)
         np.testing.assert_array_equal(record["labels"], labels)
+        # Crowd boxes are no targets but kept apart for the evaluation.
+        np.testing.assert_allclose(record["crowd_boxes"].reshape(-1, 4), crowd_boxes, rtol=1e-6)
+        np.testing.assert_array_equal(record["crowd_labels"], crowd_labels)
         if crowd:
             assert record["image_id"] == example["image/id"]
     assert dropped > 0  # mock boxes are random: some are crowd or inverted

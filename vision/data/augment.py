@@ -96,15 +96,25 @@ def resized_shape(height, width, size, max_size=None) -> tuple[tf.Tensor, tf.Ten
 
     Returns:
         `(new_height, new_width)` int32 scalars (the longer side is truncated, as in DETR).
+        Each side is at least 1 pixel. Where DETR's capped shorter side rounds to 0 (an
+        extreme aspect ratio such as 5000 x 10 with `max_size`; DETR then fails) it is 1
+        pixel and the longer side keeps the aspect ratio up to `max_size`, so every readable
+        image can be resized. Elsewhere the result is exactly DETR's.
     """
     h, w = tf.cast(height, tf.float64), tf.cast(width, tf.float64)
     size = tf.cast(size, tf.float64)
     if max_size is not None:
         short, long = tf.minimum(h, w), tf.maximum(h, w)
         size = tf.where(long / short * size > max_size, tf.round(max_size * short / long), size)
+    clamped = size < 1
+    size = tf.maximum(size, 1.0)
     new_h = tf.where(w < h, tf.floor(size * h / w), size)
     new_w = tf.where(w < h, size, tf.floor(size * w / h))
-    return tf.cast(new_h, tf.int32), tf.cast(new_w, tf.int32)
+    if max_size is not None:
+        cap = tf.maximum(tf.cast(max_size, tf.float64), 1.0)
+        new_h = tf.where(clamped, tf.minimum(new_h, cap), new_h)
+        new_w = tf.where(clamped, tf.minimum(new_w, cap), new_w)
+    return tf.cast(tf.maximum(new_h, 1.0), tf.int32), tf.cast(tf.maximum(new_w, 1.0), tf.int32)
 
 
 def resize(image, boxes, size, max_size=None) -> tuple[tf.Tensor, tf.Tensor]:

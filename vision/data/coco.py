@@ -4,11 +4,17 @@ What is kept, following the usual DETR / detectron2 loaders:
 
 - every image listed in `images`, including images without annotations;
 - boxes `[x, y, w, h]` converted to absolute pixel `(x0, y0, x1, y1)`, clipped to the image;
-  crowd annotations (`iscrowd = 1`) and boxes empty after clipping (w or h <= 0) are dropped;
+  boxes empty after clipping (w or h <= 0) are dropped;
+- crowd annotations (`iscrowd = 1`) are not training targets: they are kept apart
+  (`CocoImage.crowd_boxes`), for the evaluation, where COCO ignores detections on them;
 - category ids mapped to contiguous labels `0..C-1` in increasing id order, names kept.
 
-Each image file is checked up front (exists, is an image TensorFlow can decode, and has the
-size the JSON records), so a bad file is reported by name before any training starts.
+The file is checked where it is read: a malformed entry (an image without `file_name`, an
+annotation that is not an object, a `bbox` that is not four finite numbers, ...) is a
+ValueError naming the file, the entry (`images[3]`, `annotations[7]` and its id) and, for an
+annotation, its image. Each image file is checked up front too (exists, is an image TensorFlow
+can decode, and has the size the JSON records), so a bad file is reported by name before any
+training starts.
 """
 
 from __future__ import annotations
@@ -28,6 +34,14 @@ __all__ = ["CocoData", "CocoImage", "read_coco", "split_images"]
 _DECODABLE = ("JPEG", "PNG", "GIF", "BMP", "WEBP")
 
 
+def _no_boxes() -> np.ndarray:
+    return np.zeros((0, 4), np.float32)
+
+
+def _no_labels() -> np.ndarray:
+    return np.zeros((0,), np.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class CocoImage:
     """One image and its kept boxes.
@@ -38,8 +52,10 @@ class CocoImage:
         path: Path of the image file.
         height: Image height in pixels.
         width: Image width in pixels.
-        boxes: (N, 4) float32 absolute pixel `(x0, y0, x1, y1)`.
+        boxes: (N, 4) float32 absolute pixel `(x0, y0, x1, y1)` (no crowd boxes).
         labels: (N,) int32 contiguous labels.
+        crowd_boxes: (K, 4) float32 boxes of the crowd annotations (clipped like `boxes`).
+        crowd_labels: (K,) int32 their labels.
     """
 
     image_id: int
@@ -49,6 +65,8 @@ class CocoImage:
     width: int
     boxes: np.ndarray
     labels: np.ndarray
+    crowd_boxes: np.ndarray = dataclasses.field(default_factory=_no_boxes)
+    crowd_labels: np.ndarray = dataclasses.field(default_factory=_no_labels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +84,22 @@ class CocoData:
     category_ids: tuple[int, ...]
 
 
+def _short(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _load_json(path: str) -> dict:
+    if os.path.isdir(path):
+        raise ValueError(f"COCO annotations path is a folder, not a JSON file: {path!r}")
     if not os.path.isfile(path):
         raise ValueError(f"COCO annotations file not found. Received: path={path!r}")
     try:
@@ -76,7 +109,81 @@ def _load_json(path: str) -> dict:
         raise ValueError(f"{path}: not a valid JSON file ({error}).") from None
     if not isinstance(content, dict) or not isinstance(content.get("images"), list):
         raise ValueError(f"{path}: not a COCO annotations file (no 'images' list).")
+    for key in ("annotations", "categories"):
+        if content.get(key) is not None and not isinstance(content[key], list):
+            raise ValueError(f"{path}: '{key}' must be a list. Received: "
+                             f"{type(content[key]).__name__} {_short(content[key])}")
+    if not content["images"]:
+        raise ValueError(f"{path}: 'images' is empty: no images to train on or to score.")
     return content
+
+
+def _check_images(path: str, images: list) -> None:
+    for i, entry in enumerate(images):
+        where = f"{path}: images[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} must be an object. Received: {_short(entry)}")
+        if not _is_int(entry.get("id")):
+            raise ValueError(f"{where} needs an integer 'id'. Received: {_short(entry)}")
+        name = entry.get("file_name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where} (id {entry['id']}) needs a 'file_name' string. "
+                             f"Received: {_short(entry)}")
+        for key in ("width", "height"):
+            if key in entry and not (_is_int(entry[key]) and entry[key] > 0):
+                raise ValueError(f"{where} ({name!r}) has {key}={entry[key]!r}; expected a "
+                                 "positive integer.")
+    ids = [entry["id"] for entry in images]
+    if len(set(ids)) != len(ids):
+        seen: set[int] = set()
+        duplicate = next(i for i in ids if i in seen or seen.add(i))
+        raise ValueError(f"{path}: image ids are not unique (id {duplicate} is repeated).")
+
+
+def _categories(path: str, categories: list) -> list[dict]:
+    for i, entry in enumerate(categories):
+        if not isinstance(entry, dict) or not _is_int(entry.get("id")):
+            raise ValueError(f"{path}: categories[{i}] must be an object with an integer 'id'. "
+                             f"Received: {_short(entry)}")
+    ids = [entry["id"] for entry in categories]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: category ids are not unique. Received: ids={ids}")
+    if not categories:
+        raise ValueError(f"{path}: 'categories' is empty: no classes to detect.")
+    return sorted(categories, key=lambda c: c["id"])
+
+
+def _check_annotation(where: str, annotation: dict) -> None:
+    if "bbox" not in annotation:
+        raise ValueError(f"{where} has no 'bbox'; expected [x, y, width, height].")
+    bbox = annotation["bbox"]
+    if not isinstance(bbox, (list, tuple)) or len(bbox) != 4 or not all(map(_is_number, bbox)):
+        raise ValueError(f"{where} has bbox={_short(bbox)}; expected [x, y, width, height], "
+                         "four finite numbers.")
+    if annotation.get("iscrowd", 0) not in (0, 1):  # False and True compare equal to 0 and 1
+        raise ValueError(f"{where} has iscrowd={_short(annotation['iscrowd'])}; expected 0 or 1.")
+
+
+def _annotations_by_image(path: str, content: dict, labels_of: dict) -> dict[int, list[dict]]:
+    """The annotations of each image id, each checked (errors name its index and image)."""
+    names = {image["id"]: image["file_name"] for image in content["images"]}
+    by_image: dict[int, list[dict]] = {image_id: [] for image_id in names}
+    for i, annotation in enumerate(content.get("annotations") or []):
+        where = f"{path}: annotations[{i}]"
+        if not isinstance(annotation, dict):
+            raise ValueError(f"{where} must be an object. Received: {_short(annotation)}")
+        where += f" (id {annotation.get('id')!r})"
+        image_id = annotation.get("image_id")
+        if not _is_int(image_id) or image_id not in by_image:
+            raise ValueError(f"{where} names unknown image_id={_short(image_id)}.")
+        where += f" of image {names[image_id]!r}"
+        category_id = annotation.get("category_id")
+        if not _is_int(category_id) or category_id not in labels_of:
+            raise ValueError(f"{where} names unknown category_id={_short(category_id)}; the "
+                             f"file's category ids: {sorted(labels_of)}.")
+        _check_annotation(where, annotation)
+        by_image[image_id].append(annotation)
+    return by_image
 
 
 def _image_size(path: str) -> tuple[int, int]:
@@ -97,23 +204,23 @@ def _image_size(path: str) -> tuple[int, int]:
     return height, width
 
 
-def _boxes(annotations: list[dict], height: int, width: int, labels_of: dict, where: str):
-    boxes, labels = [], []
+def _boxes(annotations: list[dict], height: int, width: int, labels_of: dict):
+    """`(boxes, labels, crowd_boxes, crowd_labels)` of one image's checked annotations."""
+    kept: dict[bool, tuple[list, list]] = {False: ([], []), True: ([], [])}
     for annotation in annotations:
-        if annotation.get("iscrowd", 0):
-            continue
-        bbox = annotation.get("bbox")
-        if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
-            raise ValueError(f"{where}: annotation {annotation.get('id')!r} has bbox={bbox!r}; "
-                             "expected [x, y, width, height].")
-        x, y, w, h = (float(v) for v in bbox)
+        x, y, w, h = (float(v) for v in annotation["bbox"])
         x0, y0 = min(max(x, 0.0), width), min(max(y, 0.0), height)
         x1, y1 = min(max(x + w, 0.0), width), min(max(y + h, 0.0), height)
         if x1 <= x0 or y1 <= y0:
             continue
+        boxes, labels = kept[bool(annotation.get("iscrowd", 0))]
         boxes.append((x0, y0, x1, y1))
         labels.append(labels_of[annotation["category_id"]])
-    return np.array(boxes, np.float32).reshape(-1, 4), np.array(labels, np.int32)
+    return tuple(
+        array
+        for boxes, labels in (kept[False], kept[True])
+        for array in (np.array(boxes, np.float32).reshape(-1, 4), np.array(labels, np.int32))
+    )
 
 
 def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = True) -> CocoData:
@@ -129,30 +236,18 @@ def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = Tru
         The `CocoData`.
 
     Raises:
-        ValueError: Missing or malformed JSON; an annotation naming an unknown image or
-            category; a missing or unreadable image file, or one whose size differs from the
+        ValueError: Missing or malformed JSON (no images, an entry that is not an object, an
+            image without `file_name`, an annotation without a valid `bbox` or naming an
+            unknown image or category, ...; the message names the file, the entry's index and
+            its image); a missing or unreadable image file, or one whose size differs from the
             JSON's `width`/`height` (boxes would not match it). The message names the file.
     """
     images_dir, annotations_path = os.fspath(images_dir), os.fspath(annotations_path)
     content = _load_json(annotations_path)
-    for kind, keys in (("images", ("id", "file_name")), ("categories", ("id",))):
-        for entry in content.get(kind) or []:
-            if not isinstance(entry, dict) or any(key not in entry for key in keys):
-                raise ValueError(f"{annotations_path}: {kind} entry {entry!r} needs {keys}.")
-    categories = sorted(content.get("categories") or [], key=lambda c: c["id"])
+    _check_images(annotations_path, content["images"])
+    categories = _categories(annotations_path, content.get("categories") or [])
     labels_of = {c["id"]: i for i, c in enumerate(categories)}
-    by_image: dict[int, list[dict]] = {image["id"]: [] for image in content["images"]}
-    if len(by_image) != len(content["images"]):
-        raise ValueError(f"{annotations_path}: image ids are not unique.")
-    for annotation in content.get("annotations") or []:
-        where = f"{annotations_path}: annotation {annotation.get('id')!r}"
-        if annotation.get("image_id") not in by_image:
-            raise ValueError(f"{where} names unknown image_id={annotation.get('image_id')!r}.")
-        if annotation.get("category_id") not in labels_of:
-            raise ValueError(
-                f"{where} names unknown category_id={annotation.get('category_id')!r}."
-            )
-        by_image[annotation["image_id"]].append(annotation)
+    by_image = _annotations_by_image(annotations_path, content, labels_of)
 
     paths = [os.path.join(images_dir, image["file_name"]) for image in content["images"]]
     if check_files:
@@ -171,14 +266,14 @@ def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = Tru
                 f"Image file {path!r} is {width}x{height} pixels but {annotations_path} records "
                 f"{recorded[1]}x{recorded[0]} (width x height); its boxes would not match."
             )
-        boxes, labels = _boxes(by_image[image["id"]], height, width, labels_of, path)
-        images.append(
-            CocoImage(int(image["id"]), image["file_name"], path, height, width, boxes, labels)
-        )
+        boxes, labels, crowd_boxes, crowd_labels = _boxes(
+            by_image[image["id"]], height, width, labels_of)
+        images.append(CocoImage(image["id"], image["file_name"], path, height, width, boxes,
+                                labels, crowd_boxes, crowd_labels))
     return CocoData(
         images=tuple(images),
         class_names=tuple(str(c.get("name", c["id"])) for c in categories),
-        category_ids=tuple(int(c["id"]) for c in categories),
+        category_ids=tuple(c["id"] for c in categories),
     )
 
 

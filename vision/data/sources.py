@@ -11,8 +11,12 @@ Data specs:
 
 Splits are "train", "valid" and "all" (train followed by valid). A split's *records* are
 `{"image": (H, W, 3) uint8, "boxes": (N, 4) float32 absolute pixel (x0, y0, x1, y1),
-"labels": (N,) int32, "image_id": () int64}`; `vision.data.batching.make_batches` turns them
-into Keras elements, and `DetectionSource.batches` does both steps.
+"labels": (N,) int32, "image_id": () int64, "crowd_boxes": (K, 4) float32, "crowd_labels":
+(K,) int32}`. `boxes`/`labels` are the training targets; the crowd regions (COCO's
+`iscrowd = 1`, TFDS's `objects/is_crowd`; none for `embedded`) are no targets, and only the
+evaluation reads them (`vision.evaluate`: COCO ignores detections on them).
+`vision.data.batching.make_batches` turns records into Keras elements, and
+`DetectionSource.batches` does both steps.
 """
 
 from __future__ import annotations
@@ -230,7 +234,9 @@ def _embedded_split(generator: shapes.ShapesGenerator, size: int, id_offset: int
         image.set_shape([None, None, 3])
         boxes.set_shape([None, 4])
         labels.set_shape([None])
-        return {"image": image, "boxes": boxes, "labels": labels, "image_id": index + id_offset}
+        return {"image": image, "boxes": boxes, "labels": labels, "image_id": index + id_offset,
+                "crowd_boxes": tf.zeros([0, 4], tf.float32),
+                "crowd_labels": tf.zeros([0], tf.int32)}
 
     def build(shuffle, seed):
         ds = _shuffled(tf.data.Dataset.range(size), size, shuffle, seed)
@@ -245,17 +251,23 @@ def _embedded_split(generator: shapes.ShapesGenerator, size: int, id_offset: int
 
 def _coco_split(images: tuple[coco.CocoImage, ...]) -> _Split:
     lengths = [len(image.labels) for image in images]
-    boxes = np.concatenate([np.zeros((0, 4), np.float32)] + [im.boxes for im in images])
-    labels = np.concatenate([np.zeros((0,), np.int32)] + [im.labels for im in images])
+
+    def ragged(field: str, empty: np.ndarray) -> tf.RaggedTensor:
+        values = np.concatenate([empty] + [getattr(im, field) for im in images])
+        counts = tf.constant([len(getattr(im, field)) for im in images], tf.int64, [len(images)])
+        return tf.RaggedTensor.from_row_lengths(values, counts)
 
     def build(shuffle, seed):
         # Built on demand, so the tensors live in the graph (or eager context) that asks.
         table = {
             "path": tf.constant([im.path for im in images], tf.string, shape=[len(images)]),
-            "boxes": tf.RaggedTensor.from_row_lengths(boxes, tf.constant(lengths, tf.int64)),
-            "labels": tf.RaggedTensor.from_row_lengths(labels, tf.constant(lengths, tf.int64)),
             "image_id": tf.constant([im.image_id for im in images], tf.int64, [len(images)]),
         }
+        for field, empty in (("boxes", np.zeros((0, 4), np.float32)),
+                             ("labels", np.zeros((0,), np.int32)),
+                             ("crowd_boxes", np.zeros((0, 4), np.float32)),
+                             ("crowd_labels", np.zeros((0,), np.int32))):
+            table[field] = ragged(field, empty)
         ds = _shuffled(tf.data.Dataset.from_tensor_slices(table), len(images), shuffle, seed)
         return ds.map(_decode_file, num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -269,8 +281,8 @@ def _coco_split(images: tuple[coco.CocoImage, ...]) -> _Split:
 def _decode_file(row: dict) -> dict:
     image = tf.io.decode_image(tf.io.read_file(row["path"]), channels=3, expand_animations=False)
     image.set_shape([None, None, 3])
-    return {"image": image, "boxes": row["boxes"], "labels": row["labels"],
-            "image_id": row["image_id"]}
+    return {"image": image, "image_id": row["image_id"],
+            **{key: row[key] for key in ("boxes", "labels", "crowd_boxes", "crowd_labels")}}
 
 
 def load_source(

@@ -2,8 +2,9 @@
 
 Tested with `coco/2017` and `voc/2007` (under `tfds.testing.mock_data`). Boxes come as
 normalized `(ymin, xmin, ymax, xmax)`; they become absolute pixel `(x0, y0, x1, y1)`, clipped to
-the image, and empty boxes (and crowd boxes, where `objects/is_crowd` exists) are dropped. The
-data must already be prepared in `data_dir`: nothing is downloaded.
+the image, and empty boxes are dropped; crowd boxes (where `objects/is_crowd` exists) are no
+training targets but the records' `crowd_boxes`/`crowd_labels`, for the evaluation. The data
+must already be prepared in `data_dir`: nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ def tfds_record(example: dict) -> dict:
     boxes = tf.stack([xmin * shape[1], ymin * shape[0], xmax * shape[1], ymax * shape[0]], -1)
     boxes = tf.clip_by_value(boxes, 0.0, tf.stack([shape[1], shape[0], shape[1], shape[0]]))
     keep = tf.logical_and(boxes[:, 2] > boxes[:, 0], boxes[:, 3] > boxes[:, 1])
+    crowd = tf.zeros_like(keep)
     if "is_crowd" in objects:
-        keep = tf.logical_and(keep, tf.logical_not(objects["is_crowd"]))
+        crowd = tf.logical_and(keep, tf.cast(objects["is_crowd"], tf.bool))
+        keep = tf.logical_and(keep, tf.logical_not(crowd))
+    labels = tf.cast(objects["label"], tf.int32)
     if "image/id" in example:
         image_id = tf.cast(example["image/id"], tf.int64)
     else:  # e.g. VOC: a stable id from the file name, exact in float64 (JSON, pycocotools).
@@ -40,8 +44,10 @@ def tfds_record(example: dict) -> dict:
     return {
         "image": image,
         "boxes": tf.boolean_mask(boxes, keep),
-        "labels": tf.cast(tf.boolean_mask(objects["label"], keep), tf.int32),
+        "labels": tf.boolean_mask(labels, keep),
         "image_id": image_id,
+        "crowd_boxes": tf.boolean_mask(boxes, crowd),
+        "crowd_labels": tf.boolean_mask(labels, crowd),
     }
 
 

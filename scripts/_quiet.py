@@ -1,0 +1,53 @@
+"""The first import of every script: TensorFlow starts without its log lines.
+
+    from scripts._quiet import quiet_start  # noqa: E402
+    quiet_start()
+
+before anything else imports TensorFlow. Unless ``--verbose`` is on the command line or
+``TFX_TRANSFORMER_VERBOSE=1`` is set, it sets ``TF_CPP_MIN_LOG_LEVEL=3`` (no C++ info, warning
+or error lines later, such as "failed call to cuInit" on a machine without a GPU), keeps
+TensorFlow's and absl's Python loggers to errors, and imports TensorFlow with the process's
+stderr (file descriptor 2) sent to /dev/null: TensorFlow 2.21 writes its start-up lines
+("oneDNN custom operations are on", "Could not find cuda drivers", "All log messages before
+absl::InitializeLog() ...") while it loads, before any log level applies. A failed import still
+raises, with stderr back in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+__all__ = ["quiet_start", "verbose"]
+
+
+def verbose(argv: list[str] | None = None) -> bool:
+    """True when ``--verbose`` is in ``argv`` (default: the command line) or
+    ``TFX_TRANSFORMER_VERBOSE`` is set to something else than ``0``."""
+    argv = sys.argv[1:] if argv is None else argv
+    return "--verbose" in argv or os.environ.get("TFX_TRANSFORMER_VERBOSE", "0") not in ("", "0")
+
+
+def quiet_start(argv: list[str] | None = None) -> bool:
+    """Imports TensorFlow without its start-up lines unless `verbose`; returns whether it did."""
+    if verbose(argv):
+        return False
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    if "tensorflow" in sys.modules:  # imported already (a test running a script's main)
+        return True
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        import tensorflow  # noqa: F401  (its C++ start-up lines go to /dev/null)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+    import absl.logging  # TensorFlow's dependency
+
+    absl.logging.set_verbosity(absl.logging.ERROR)
+    return True
