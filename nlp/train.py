@@ -154,6 +154,7 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
             loss (`tfx_transformer.callbacks.NonFiniteLossError`).
     """
     trainer = Trainer(workdir, run, log, state_files=("tokenizer.model",))
+    trainer.check_data(data)
     done = trainer.finished(DEFAULT_EPOCHS)
     if done is not None:
         return done

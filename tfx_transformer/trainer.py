@@ -111,6 +111,23 @@ class Trainer:
             self.workdir.export.exists()) else ""
         self.log(f"restart: moved the earlier run's {', '.join(found)} to {target}{kept}")
 
+    def check_data(self, data: str) -> None:
+        """A work directory continues one data set: another ``--data`` is an error.
+
+        The spec is recorded (paths made absolute) when training starts; a later run of the
+        same directory on other data would silently keep the earlier run's tokenizer,
+        weights and export. Call it before `finished`.
+
+        Raises:
+            ValueError: the directory's run was on other data; names both and the way out.
+        """
+        self._data = _normalized_spec(data)
+        recorded = read_state(self.workdir).get("data")
+        if recorded is not None and recorded != self._data:
+            raise ValueError(
+                f"--data {data}: {self.workdir.root} holds a run on --data {recorded}; go on "
+                "with that --data, or use --restart (or a new --workdir) to train on new data")
+
     def _request(self, default_epochs: int) -> dict:
         run = self.run
         return {"epochs": run.fit_epochs(default_epochs), "max_steps": run.max_steps,
@@ -201,7 +218,8 @@ class Trainer:
         run, checks, workdir = self.run, list(checks), self.workdir
         request, state = self._request(default_epochs), read_state(workdir)
         if self._needs_training(state, request):
-            self._record(phase="training", request=request)
+            self._record(phase="training", request=request,
+                         **({"data": self._data} if getattr(self, "_data", None) else {}))
             epochs = plan_epochs(request["epochs"], run.max_steps, steps_per_epoch)
             all_callbacks = [*first_callbacks,
                              *standard_callbacks(workdir, run.time_budget, run.max_steps,
@@ -263,6 +281,14 @@ class Trainer:
                              "--restart")
         self.log(f"resume: training finished earlier ({state.get('steps')} steps), "
                  f"{'evaluating' if state['phase'] == 'exported' else 'exporting'} now")
+
+
+def _normalized_spec(spec: str) -> str:
+    """``scheme:PATH[:PATH]`` with the paths that exist made absolute (the same data given
+    by another relative path is the same data)."""
+    scheme, *parts = str(spec).split(":")
+    return ":".join([scheme, *(os.path.abspath(p) if p and os.path.exists(p) else p
+                               for p in parts)])
 
 
 def _iterations(model: keras.Model) -> int:

@@ -152,6 +152,7 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         raise ValueError("`jit_compile=True` needs `matcher_solver='ops'`: the scipy matcher "
                          "is a host callback. Received: matcher_solver='scipy'")
     trainer = Trainer(workdir, run, log)
+    trainer.check_data(data)
     done = trainer.finished(config.epochs)
     if done is not None:
         return done

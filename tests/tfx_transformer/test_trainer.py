@@ -123,9 +123,10 @@ def _snapshot(root):
             if p.is_file() and p.relative_to(root).parts[0] != "logs"}
 
 
-def _run(workdir, events, crash_in=None, **options):
+def _run(workdir, events, crash_in=None, data="embedded", **options):
     """One run of the skeleton, as a script would do it; the export records the steps."""
     trainer = Trainer(workdir, RunOptions(**options), log=events.append)
+    trainer.check_data(data)
     done = trainer.finished(default_epochs=2)
     if done is not None:
         return done
@@ -243,3 +244,24 @@ def test_a_broken_workdir_file_is_named_before_anything_runs(tmp_path, name, tex
         Trainer(tmp_path, RunOptions())
     assert str(tmp_path / name) in str(info.value) and "--restart" in str(info.value)
     assert (tmp_path / name).read_text() == text
+
+
+def test_a_workdir_is_continued_only_on_its_own_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "one.tsv").write_text("a\tb\n")
+    work, events = tmp_path / "work", []
+    assert _run(work, events, data="tsv:one.tsv") == {"steps": 6}
+    assert read_state(work)["data"] == f"tsv:{tmp_path / 'one.tsv'}"
+    before = _snapshot(work)
+    with pytest.raises(ValueError) as error:
+        _run(work, events, data="tsv:two.tsv", epochs=3)
+    message = str(error.value)
+    assert "--data tsv:two.tsv" in message and str(tmp_path / "one.tsv") in message
+    assert "--restart" in message
+    assert _snapshot(work) == before
+    # The same file by another path is the same data: the finished run is left alone.
+    events.clear()
+    assert _run(work, events, data=f"tsv:{tmp_path / 'one.tsv'}") == {"steps": 6}
+    assert "finished earlier" in events[0] and _snapshot(work) == before
+    assert _run(work, events, data="tsv:two.tsv", restart=True) == {"steps": 6}
+    assert read_state(work)["data"] == "tsv:two.tsv"
