@@ -29,8 +29,6 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import tensorflow as tf
-
 from tfx_transformer.distribute import STRATEGIES
 from tfx_transformer.precision import MIXED_PRECISION
 from tfx_transformer.run import RunOptions
@@ -178,6 +176,8 @@ def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> in
     anything else is a bug and keeps its traceback. Set ``TFX_TRANSFORMER_DEBUG=1`` to see the
     traceback of caught errors too. Use as ``sys.exit(run_cli(main))``.
     """
+    import tensorflow as tf  # only for its NotFoundError: argparse helpers need no TensorFlow
+
     try:
         return int(main_fn(*args, **kwargs) or 0)
     except (ValueError, OSError, tf.errors.NotFoundError) as error:
