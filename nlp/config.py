@@ -7,7 +7,9 @@ import dataclasses
 from nlp.decoding import DecodingSettings
 from nlp.validation import check_bool, check_int, check_number
 
-__all__ = ["DECODING_FIELDS", "NMTConfig", "PRESETS", "preset"]
+__all__ = ["DECODING_FIELDS", "NMTConfig", "PRESETS", "SCHEDULES", "preset"]
+
+SCHEDULES = ("budget", "noam")
 
 # `preset` overrides that go into `NMTConfig.decoding` rather than the config itself.
 DECODING_FIELDS = tuple(f.name for f in dataclasses.fields(DecodingSettings))
@@ -35,8 +37,19 @@ class NMTConfig:
     norm_first: bool = False  # post-norm, as in the paper
     tie_embeddings: bool = True  # one matrix for source, target and output embeddings
     label_smoothing: float = 0.1
+    # "budget": linear warm-up over `warmup_share` of the run (its --max-steps, epochs or
+    # --time-budget), then linear decay to 0 at its end, peaking at the Noam schedule's peak
+    # (`peak_learning_rate`); "noam": the paper's schedule, `warmup_steps` then step^-0.5.
+    schedule: str = "budget"
     warmup_steps: int = 4000
-    lr_scale: float = 1.0  # multiplies the Noam schedule
+    lr_scale: float = 1.0  # multiplies the Noam schedule (and so the budget schedule's peak)
+    warmup_share: float = 0.1  # of the run, for the budget schedule
+    # Per-epoch validation: BLEU/chrF (greedy) of the first `valid_sentences` held-out pairs
+    # (0: none); stop after `patience` epochs without a better val_bleu (None: never) and
+    # export the best epoch; export the mean of the last `average_last` epochs (up to the best).
+    valid_sentences: int = 200
+    patience: int | None = None
+    average_last: int = 1
     batch_tokens: int = 4096  # source+target token budget per batch (padding included)
     # beam 4, GNMT length penalty 0.6, at most source length + 50 tokens
     decoding: DecodingSettings = dataclasses.field(default_factory=DecodingSettings)
@@ -54,6 +67,14 @@ class NMTConfig:
         for field in ("dropout", "activation_dropout", "label_smoothing"):
             check_number(owner, field, getattr(self, field), 0.0, 1.0)
         check_number(owner, "lr_scale", self.lr_scale, 0.0, exclusive_minimum=True)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"`{owner}.schedule` must be one of {SCHEDULES}. Received: "
+                             f"schedule={self.schedule!r}")
+        check_number(owner, "warmup_share", self.warmup_share, 0.0, 1.0)
+        check_int(owner, "valid_sentences", self.valid_sentences, 0)
+        check_int(owner, "average_last", self.average_last, 1)
+        if self.patience is not None:
+            check_int(owner, "patience", self.patience, 1)
         check_bool(owner, "norm_first", self.norm_first)
         check_bool(owner, "tie_embeddings", self.tie_embeddings)
         if not isinstance(self.decoding, DecodingSettings):
@@ -69,6 +90,12 @@ class NMTConfig:
                 f"`{owner}.max_length` must be <= `max_positions`. "
                 f"Received: max_length={self.max_length}, max_positions={self.max_positions}"
             )
+
+    @property
+    def peak_learning_rate(self) -> float:
+        """The Noam schedule's peak, ``lr_scale · d_model^-0.5 · warmup_steps^-0.5``: also the
+        budget schedule's."""
+        return self.lr_scale * self.d_model**-0.5 * self.warmup_steps**-0.5
 
     def model_kwargs(self) -> dict:
         """The ``Seq2SeqTransformer`` constructor arguments."""

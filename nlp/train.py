@@ -25,11 +25,15 @@ from nlp.export import export_translator, make_translate_fn
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
 from nlp.tokenizer import Tokenizer, train_tokenizer
-from tfx_transformer import NoamSchedule
+from nlp.callbacks import Patience, ValidationScores
+from tfx_transformer import BudgetSchedule, NoamSchedule
+from tfx_transformer.callbacks import BudgetProgress
+from tfx_transformer.checkpoints import choose_weights
 from tfx_transformer.run import RunOptions
 from tfx_transformer.trainer import Trainer
 
-__all__ = ["DEFAULT_EPOCHS", "build_tokenizer", "compile_model", "count_batches", "train_nmt"]
+__all__ = ["DEFAULT_EPOCHS", "build_tokenizer", "compile_model", "count_batches", "make_schedule",
+           "train_nmt"]
 
 DEFAULT_EPOCHS = 10  # when the run sets neither epochs nor a step or time bound
 NUM_SAMPLES = 5  # held-out translations recorded in metrics.json
@@ -108,15 +112,28 @@ def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_
     return kept, len(pairs) - kept, batches
 
 
-def compile_model(model, config: NMTConfig, jit_compile: bool = True) -> None:
-    """Adam(0.9, 0.98, 1e-9) on the Noam schedule, label-smoothed loss, masked accuracy."""
-    schedule = NoamSchedule(config.d_model, config.warmup_steps, config.lr_scale)
+def make_schedule(config: NMTConfig, total_steps: int | None = None, timed: bool = False):
+    """``config.schedule``: `BudgetSchedule` over ``total_steps`` and, when ``timed``, the
+    run's time budget (through `tfx_transformer.callbacks.BudgetProgress`); or
+    `NoamSchedule`, also for a budget schedule of a run whose length is not known (neither
+    ``total_steps`` nor ``timed``)."""
+    if config.schedule == "noam" or (total_steps is None and not timed):
+        return NoamSchedule(config.d_model, config.warmup_steps, config.lr_scale)
+    return BudgetSchedule(config.peak_learning_rate, total_steps, config.warmup_share)
+
+
+def compile_model(model, config: NMTConfig, jit_compile: bool = True,
+                  total_steps: int | None = None, timed: bool = False):
+    """Adam(0.9, 0.98, 1e-9) on the config's schedule (`make_schedule`), label-smoothed loss,
+    masked accuracy. Returns the schedule."""
+    schedule = make_schedule(config, total_steps, timed)
     model.compile(
         optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
         loss=MaskedLabelSmoothedCrossEntropy(config.label_smoothing),
         metrics=[MaskedAccuracy()],
         jit_compile=jit_compile,
     )
+    return schedule
 
 
 def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: RunOptions,
@@ -190,10 +207,34 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
 
     train_ds = batches(train_pairs, True, train_steps)
     valid_ds = batches(valid_pairs, False, valid_steps) if valid_steps else None
+    total_steps = trainer.total_steps(DEFAULT_EPOCHS, train_steps)
     with trainer.strategy.scope():
         model = build_model(config, vocab_size=tokenizer.vocab_size)
-        compile_model(model, config, jit_compile=run.jit_compile)
+        schedule = compile_model(model, config, jit_compile=run.jit_compile,
+                                 total_steps=total_steps, timed=run.time_budget is not None)
     log(f"model: {config.name}, {model.count_params():,} parameters")
+    watch = []
+    if isinstance(schedule, BudgetSchedule):
+        bound = " and ".join(filter(None, [
+            f"{total_steps} steps" if total_steps else "",
+            f"{run.time_budget:g} min" if run.time_budget else ""]))
+        log(f"schedule: warm-up over {config.warmup_share:.0%} of {bound} to "
+            f"{config.peak_learning_rate:.2e}, then linear decay to 0")
+        if run.time_budget is not None:
+            watch.append(BudgetProgress(schedule, run.time_budget, trainer.fit_seconds))
+    validating = config.valid_sentences > 0 and bool(valid_pairs)
+    if validating:
+        watch.append(ValidationScores(tokenizer, valid_pairs, limit=config.valid_sentences))
+    if config.patience is not None:
+        if not validating:
+            raise ValueError("`patience` needs held-out pairs and `valid_sentences` > 0 (it "
+                             "stops on their val_bleu)")
+        watch.append(Patience(trainer.workdir, config.patience))
+
+    def final_weights() -> None:
+        monitor = "val_bleu" if config.patience is not None else None
+        log("final weights: " + choose_weights(model, trainer.workdir, config.average_last,
+                                               monitor))
 
     def evaluate_held_out() -> dict:
         translate = tf.function(make_translate_fn(model, tokenizer, config.decoding))
@@ -214,5 +255,6 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
     return trainer.train(
         model, train_ds, valid_ds, default_epochs=DEFAULT_EPOCHS,
         export=lambda path: export_translator(model, tokenizer, path, config.decoding),
-        evaluate=evaluate_held_out, steps_per_epoch=train_steps, callbacks=callbacks,
+        evaluate=evaluate_held_out, steps_per_epoch=train_steps, first_callbacks=watch,
+        callbacks=callbacks, choose_weights=final_weights,
     )

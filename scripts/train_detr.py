@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default="embedded",
                         help="embedded | coco:IMAGES_DIR:ANNOTATIONS.json | tfds:NAME")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "eval_limit"))
+    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "eval_limit"), mixed_precision="auto")
     add_override_arguments(parser, CONFIG_FLAGS)
     args = parser.parse_args(argv)
     if args.backbone_weights is not None and not os.path.isfile(args.backbone_weights):

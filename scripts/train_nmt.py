@@ -11,7 +11,7 @@ from scripts._quiet import quiet_start  # noqa: E402
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
-from nlp.config import PRESETS, preset  # noqa: E402
+from nlp.config import PRESETS, SCHEDULES, preset  # noqa: E402
 from nlp.train import train_nmt  # noqa: E402
 from tfx_transformer.cli import (  # noqa: E402
     COMMON_RUN_FLAGS,
@@ -31,6 +31,21 @@ CONFIG_FLAGS = {
         type=positive(int), help="drop training pairs longer than this many tokens")),
     "beam_size": ("--beam", dict(type=positive(int), metavar="BEAM",
                                  help="beam width of the export")),
+    "schedule": ("--schedule", dict(
+        choices=SCHEDULES, help="budget (default): warm-up over --warmup-share of the run's "
+                                "steps or --time-budget, then linear decay to 0; noam: the "
+                                "paper's")),
+    "warmup_share": ("--warmup-share", dict(type=float, metavar="SHARE",
+                                            help="share of the run spent warming up")),
+    "patience": ("--patience", dict(
+        type=positive(int), metavar="N",
+        help="stop after N epochs without a better validation BLEU; export the best epoch")),
+    "average_last": ("--average-last", dict(
+        type=positive(int), metavar="N",
+        help="export the mean of the weights of the last N epochs (up to the best one)")),
+    "valid_sentences": ("--valid-sentences", dict(
+        type=int, metavar="N", help="held-out pairs scored (greedy BLEU/chrF) every epoch; "
+                                    "0: none")),
 }
 EVAL_LIMIT = 1000  # held-out pairs translated and scored after training
 
@@ -40,7 +55,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default="embedded",
                         help="embedded | tsv:PATH (source<TAB>target) | tfds:NAME")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "jit_compile"), eval_limit=EVAL_LIMIT)
+    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "jit_compile"), eval_limit=EVAL_LIMIT,
+                      mixed_precision="auto")
     add_override_arguments(parser, CONFIG_FLAGS)
     args = parser.parse_args(argv)
     config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))

@@ -19,12 +19,13 @@ from tfx_transformer.position import (
     add_position,
     sine_features,
 )
-from tfx_transformer.schedules import NoamSchedule
+from tfx_transformer.schedules import BudgetSchedule, NoamSchedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionOutput",
+    "BudgetSchedule",
     "FeedForward",
     "LearnedPositionEmbedding",
     "MultiHeadAttention",

@@ -73,7 +73,10 @@ RUN_FLAGS: dict[str, tuple[str, dict]] = {
         type=positive(float), metavar="MIN",
         help="stop cleanly after MIN minutes of training, then export")),
     "strategy": ("--strategy", dict(choices=STRATEGIES)),
-    "mixed_precision": ("--mixed-precision", dict(choices=tuple(MIXED_PRECISION))),
+    "mixed_precision": ("--mixed-precision", dict(
+        choices=tuple(MIXED_PRECISION),
+        help="auto: bfloat16 where it is fast (a GPU of compute capability >= 8, a CPU with "
+             "AMX), else none (float32)")),
     "seed": ("--seed", dict(type=int)),
     "valid_fraction": ("--valid-fraction", dict(
         type=float, help="held-out share of a file source (tsv:, coco:)")),

@@ -35,7 +35,7 @@ class RunOptions:
     """
 
     strategy: str = "auto"  # "auto", "mirrored" or "multi_worker" (`distribute.get_strategy`)
-    mixed_precision: str = "none"  # "none", "bfloat16" or "float16"
+    mixed_precision: str = "none"  # "none", "bfloat16", "float16" or "auto" (`precision`)
     # None: the trainer's default (the preset's), or unbounded with max_steps / time_budget.
     epochs: int | None = None
     max_steps: int | None = None  # stop after this many optimizer steps in total

@@ -34,10 +34,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfx_transformer.callbacks import inject_fault, plan_epochs, standard_callbacks
+from tfx_transformer.callbacks import Progress, inject_fault, plan_epochs, standard_callbacks
 from tfx_transformer.distribute import get_strategy, is_chief
-from tfx_transformer.precision import set_mixed_precision
-from tfx_transformer.run import RunOptions
+from tfx_transformer.precision import fast_bfloat16, set_mixed_precision
+from tfx_transformer.run import LONG_RUN_EPOCHS, RunOptions
 from tfx_transformer.workdir import (
     Workdir,
     check_workdir,
@@ -80,9 +80,11 @@ class Trainer:
             raise TypeError(f"`run` must be a RunOptions. Received: {type(run).__name__}")
         self.started = time.monotonic()
         self.strategy: tf.distribute.Strategy = get_strategy(run.strategy)
-        set_mixed_precision(run.mixed_precision)
+        policy = set_mixed_precision(run.mixed_precision)
         keras.utils.set_random_seed(run.seed)
         self.run, self.workdir, self.log = run, Workdir(workdir), log
+        if run.mixed_precision == "auto":
+            log(f"mixed precision: {policy} ({fast_bfloat16() or 'no fast bfloat16 here'})")
         if run.restart:
             self._move_aside(["checkpoints", "backup", "logs", "metrics.json", "run.json",
                               *state_files])
@@ -128,6 +130,23 @@ class Trainer:
                 f"--data {data}: {self.workdir.root} holds a run on --data {recorded}; go on "
                 "with that --data, or use --restart (or a new --workdir) to train on new data")
 
+    @property
+    def fit_seconds(self) -> float:
+        """Training time the earlier processes of this run spent (0 for a new run): what a
+        resumed or continued run's time budget and budget schedule count from."""
+        return float(read_state(self.workdir).get("fit_seconds", 0.0))
+
+    def total_steps(self, default_epochs: int, steps_per_epoch: int | None) -> int | None:
+        """The run's step bound: ``max_steps``, or its epochs times ``steps_per_epoch``,
+        whichever is smaller; None when neither is known (a run bounded by time only)."""
+        bounds = []
+        if self.run.max_steps is not None:
+            bounds.append(self.run.max_steps)
+        epochs = self.run.fit_epochs(default_epochs)
+        if steps_per_epoch and epochs < LONG_RUN_EPOCHS:
+            bounds.append(epochs * steps_per_epoch)
+        return min(bounds) if bounds else None
+
     def _request(self, default_epochs: int) -> dict:
         run = self.run
         return {"epochs": run.fit_epochs(default_epochs), "max_steps": run.max_steps,
@@ -172,6 +191,7 @@ class Trainer:
         first_callbacks: Iterable[keras.callbacks.Callback] = (),
         callbacks: Iterable[keras.callbacks.Callback] = (),
         checks: Iterable[Callable[[], None]] = (),
+        choose_weights: Callable[[], Any] | None = None,
     ) -> dict:
         """Fits ``model``; then, on the chief only, exports, evaluates, writes metrics.json.
 
@@ -184,7 +204,9 @@ class Trainer:
            come from the backup.
         2. ``checks`` run (each raises if the data broke a rule during `fit`).
         3. Non-chief workers stop here and return ``{}``: only the chief writes.
-        4. ``export(workdir.export)`` writes the SavedModel (unless recorded as done).
+        4. ``choose_weights()`` (if given) sets the weights to export and evaluate from the
+           epoch checkpoints (an average, the best epoch); ``export(workdir.export)`` writes
+           the SavedModel (unless recorded as done).
         5. ``evaluate()`` returns the ``metrics.json`` entries of the run, ``"valid"`` (the
            scores) among them; ``checks`` run again.
         6. Those entries and ``train_seconds`` are merged into ``metrics.json``.
@@ -202,6 +224,8 @@ class Trainer:
             first_callbacks: application callbacks that come before the standard ones.
             callbacks: callbacks that come after them (the caller's extra ones).
             checks: functions called after `fit` and after evaluation.
+            choose_weights: sets the model's final weights before export and evaluation
+                (also when a killed run resumes there); None: the last weights.
 
         Returns:
             The ``"valid"`` entry returned by ``evaluate`` ({} on non-chief workers).
@@ -221,12 +245,17 @@ class Trainer:
             self._record(phase="training", request=request,
                          **({"data": self._data} if getattr(self, "_data", None) else {}))
             epochs = plan_epochs(request["epochs"], run.max_steps, steps_per_epoch)
+            spent = self.fit_seconds
+            progress = Progress(self.total_steps(default_epochs, steps_per_epoch),
+                                run.time_budget, spent,
+                                epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
             all_callbacks = [*first_callbacks,
                              *standard_callbacks(workdir, run.time_budget, run.max_steps,
-                                                 keep_backup=True),
+                                                 keep_backup=True, offset_seconds=spent,
+                                                 progress=progress),
                              *callbacks]
             history = model.fit(train_data, validation_data=valid_data, epochs=epochs,
-                                shuffle=False, callbacks=all_callbacks)
+                                shuffle=False, callbacks=all_callbacks, verbose=0)
             for check in checks:
                 check()
             epochs_done = max([e + 1 for e in history.epoch], default=0)
@@ -240,6 +269,8 @@ class Trainer:
             self._restore(model, state)
         if not is_chief():
             return {}
+        if choose_weights is not None:
+            choose_weights()
         if state["phase"] == "trained":
             inject_fault("export")
             export(workdir.export)

@@ -39,7 +39,8 @@ def test_train_nmt_defaults(monkeypatch, capsys):
     (data, workdir, config, run), kwargs = calls[0]
     assert (data, workdir, kwargs) == ("embedded", "w", {})
     assert config == nmt_config.preset("tiny")
-    assert run == RunOptions(eval_limit=module.EVAL_LIMIT)  # NMT scores 1000 pairs by default
+    # NMT scores 1000 pairs by default; scripts pick bf16 where it is fast
+    assert run == RunOptions(eval_limit=module.EVAL_LIMIT, mixed_precision="auto")
     assert capsys.readouterr().out == "held-out: score 1.0\n"
 
 
@@ -50,11 +51,13 @@ def test_train_nmt_flags(monkeypatch):
         "--max-steps", "9", "--time-budget", "1.5", "--batch-tokens", "512",
         "--vocab-size", "300", "--max-length", "40", "--strategy", "mirrored",
         "--mixed-precision", "float16", "--seed", "4", "--valid-fraction", "0.2", "--beam", "2",
-        "--xla"]) == 0
+        "--xla", "--schedule", "noam", "--warmup-share", "0.2", "--patience", "3",
+        "--average-last", "4", "--valid-sentences", "0"]) == 0
     (data, _, config, run), _ = calls[0]
     assert data == "tsv:p.tsv"
     assert config == nmt_config.preset("base", batch_tokens=512, vocab_size=300, max_length=40,
-                                       beam_size=2)
+                                       beam_size=2, schedule="noam", warmup_share=0.2,
+                                       patience=3, average_last=4, valid_sentences=0)
     assert config.decoding.beam_size == 2
     assert run == RunOptions(strategy="mirrored", mixed_precision="float16", epochs=2,
                              max_steps=9, time_budget=1.5, seed=4, valid_fraction=0.2,
@@ -72,9 +75,10 @@ def test_train_detr_flags(monkeypatch, tmp_path):
     assert config == dataclasses.replace(base, batch_size=3, num_queries=7, learning_rate=1e-3)
     # The backbone's rate is a multiplier of the preset's, so it follows --learning-rate.
     assert config.backbone_lr_multiplier == base.backbone_lr_multiplier
-    assert run == RunOptions(max_steps=2, eval_limit=5)
+    assert run == RunOptions(max_steps=2, eval_limit=5, mixed_precision="auto")
     module.main(["--workdir", "w"])
-    assert calls[1][0][2] == detr_config.preset("tiny") and calls[1][0][3] == RunOptions()
+    assert calls[1][0][2] == detr_config.preset("tiny") and calls[1][0][3] == RunOptions(
+        mixed_precision="auto")
     weights = tmp_path / "w.h5"
     weights.write_bytes(b"")
     module.main(["--workdir", "w", "--preset", "r50", "--backbone-weights", str(weights)])

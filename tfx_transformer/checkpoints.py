@@ -1,0 +1,115 @@
+"""The weights a run exports: its last epoch, its best epoch, or an average of epochs.
+
+Every trainer saves the weights of each epoch to ``DIR/checkpoints/epoch-NNN.weights.h5``
+(`tfx_transformer.callbacks.standard_callbacks`) and the epoch's logs to
+``metrics.json["history"]``. `choose_weights` picks from them what is exported: the epoch
+with the best value of a validation metric (early stopping's "best checkpoint"), and the
+arithmetic mean of the last ``average_last`` epochs up to it (fairseq's
+``average_checkpoints.py --num-epoch-checkpoints N``).
+
+Example:
+    >>> choose_weights(model, workdir, average_last=3, monitor="val_bleu")
+    'the mean of epochs 7-9 (best val_bleu 21.3 at epoch 9)'
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from tfx_transformer.workdir import Workdir, read_metrics
+
+__all__ = ["average_weights", "best_epoch", "choose_weights", "epoch_checkpoints"]
+
+_CHECKPOINT = re.compile(r"epoch-(\d+)\.weights\.h5$")
+
+
+def epoch_checkpoints(workdir: Workdir | str | os.PathLike) -> dict[int, Path]:
+    """``{epoch (1-based): path}`` of the epoch checkpoints in ``DIR/checkpoints``."""
+    workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
+    found = {}
+    for path in workdir.checkpoints.glob("epoch-*.weights.h5"):
+        match = _CHECKPOINT.search(path.name)
+        if match:
+            found[int(match.group(1))] = path
+    return dict(sorted(found.items()))
+
+
+def average_weights(model: keras.Model, paths: Sequence[str | os.PathLike]) -> None:
+    """Sets ``model``'s weights to the arithmetic mean of the weight files ``paths``.
+
+    Each file is loaded into ``model`` in turn (so the optimizer state is that of the last
+    file); the mean is taken in float64 and cast to each variable's dtype.
+
+    Raises:
+        ValueError: no paths, or a file that does not fit ``model`` (named).
+    """
+    if not paths:
+        raise ValueError("`paths` must name at least one weights file")
+    total = None
+    for path in paths:
+        try:
+            model.load_weights(str(path))
+        except Exception as error:  # h5py and shape errors alike
+            raise ValueError(f"cannot load {path} into the model ({type(error).__name__}: "
+                             f"{str(error)[:200]})") from None
+        values = [keras.ops.convert_to_numpy(w).astype(np.float64) for w in model.weights]
+        total = values if total is None else [t + v for t, v in zip(total, values)]
+    for weight, value in zip(model.weights, total):
+        weight.assign((value / len(paths)).astype(keras.backend.standardize_dtype(weight.dtype)))
+
+
+def best_epoch(history: Sequence[dict], monitor: str, mode: str = "max") -> int | None:
+    """The 1-based epoch of ``history`` (``metrics.json["history"]``) with the best
+    ``monitor``; the first of equals; None when no entry has it."""
+    if mode not in ("max", "min"):
+        raise ValueError(f"`mode` must be 'max' or 'min'. Received: {mode!r}")
+    scored = [(e[monitor], e["epoch"]) for e in history
+              if isinstance(e.get(monitor), (int, float)) and np.isfinite(e[monitor])]
+    if not scored:
+        return None
+    sign = 1.0 if mode == "max" else -1.0
+    best = max(sign * value for value, _ in scored)
+    return min(epoch for value, epoch in scored if sign * value == best)
+
+
+def choose_weights(model: keras.Model, workdir: Workdir | str | os.PathLike,
+                   average_last: int = 1, monitor: str | None = None,
+                   mode: str = "max") -> str:
+    """Sets ``model``'s weights to what the run exports; returns a line saying which.
+
+    The run's final epoch is the last one in ``metrics.json["history"]``; with ``monitor``
+    (e.g. ``"val_bleu"``), the best epoch by it instead. The weights are the mean of the
+    checkpoints of the ``average_last`` epochs ending there (fewer when fewer exist). When
+    that is just the last epoch's checkpoint, the model keeps its weights (they are that
+    epoch's).
+
+    Raises:
+        ValueError: ``average_last`` < 1, or a checkpoint that does not fit ``model``.
+    """
+    if not (isinstance(average_last, int) and average_last >= 1):
+        raise ValueError(f"`average_last` must be a positive integer. Received: {average_last!r}")
+    history = read_metrics(workdir).get("history", [])
+    checkpoints = epoch_checkpoints(workdir)
+    last = max([e["epoch"] for e in history] or list(checkpoints) or [0])
+    end, why = last, ""
+    if monitor is not None:
+        best = best_epoch(history, monitor, mode)
+        if best is not None:
+            end = best
+            value = next(e[monitor] for e in history if e["epoch"] == best)
+            why = f" (best {monitor} {value:.4g} at epoch {best} of {last})"
+    epochs = [e for e in range(end - average_last + 1, end + 1) if e in checkpoints]
+    if end == last and epochs in ([], [last]):
+        return f"the weights of the last epoch ({last}){why}"
+    if not epochs:
+        return f"the weights of the last epoch ({last}): no checkpoint of epoch {end}{why}"
+    average_weights(model, [checkpoints[e] for e in epochs])
+    if len(epochs) == 1:
+        return f"the weights of epoch {epochs[0]}{why}"
+    return f"the mean of the weights of epochs {epochs[0]}-{epochs[-1]}{why}"
