@@ -9,6 +9,13 @@ Special ids: pad 0, unk 1, bos 2, eos 3 (`PAD_ID`, `UNK_ID`, `BOS_ID`, `EOS_ID`)
 nowhere else: the model, the searches and the losses import them, the data pipeline and the
 export read them from a `Tokenizer`.
 
+The vocabulary is trained for copying: names, numbers and placeholders of software messages
+("Datei %(name)s gelöscht", "{count} Einträge…") pass through unchanged. Text is not
+normalized (no NFKC: "…", non-breaking spaces and full-width forms stay as they are), digits
+are pieces of their own, and, in a vocabulary with room for them, characters never seen in
+training fall back to UTF-8 byte pieces instead of unk and the placeholders found in the
+training text are whole pieces (see `train_tokenizer` and `mine_placeholders`).
+
 Example:
 
 >>> path = train_tokenizer(["Ich habe zwölf Äpfel.", "I have twelve apples."], "/tmp/sp.model")
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 import re
 from typing import Iterable, Sequence
 
@@ -29,11 +37,58 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 __all__ = [
-    "BOS_ID", "EOS_ID", "PAD_ID", "SPECIAL_PIECES", "UNK_ID", "Tokenizer", "train_tokenizer",
+    "BOS_ID", "EOS_ID", "PAD_ID", "PLACEHOLDER_PATTERN", "SPECIAL_PIECES", "UNK_ID", "Tokenizer",
+    "mine_placeholders", "train_tokenizer",
 ]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")  # the pieces of ids 0-3
+
+# A placeholder of a software message: printf style ("%s", "%d", "%5.2f", "%(name)s", "%1$s",
+# "%%"), brace style ("{}", "{0}", "{name}", "{name!r}", "{order.code}", "{0:>8}", "{{name}}"),
+# shell style ("$(user)", "${var}") or an HTML tag without attributes ("<b>", "</b>", "<br/>").
+# None holds whitespace; "% o" in "50% of" is not one (no space flag).
+PLACEHOLDER_PATTERN = re.compile(r"""
+      %%
+    | %(?:\d+\$|\([A-Za-z_]\w*\))?[-+#0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?
+      [diouxXeEfFgGcrsaAp]
+    | \{\{[A-Za-z_][\w.]*\}\}
+    | \{(?:[A-Za-z_]\w*|\d+)?(?:\.[A-Za-z_]\w*|\[\w+\])*(?:![rsa])?(?::[^{}\s]*)?\}
+    | \$\([A-Za-z_]\w*\)
+    | \$\{[A-Za-z_]\w*\}
+    | </?[A-Za-z][A-Za-z0-9]*/?>
+""", re.VERBOSE)
+_NUM_BYTE_PIECES = 256  # byte fallback: one piece per byte value, <0x00> ... <0xFF>
+_PLACEHOLDER_MIN_COUNT = 2
+_PLACEHOLDER_SHARE = 8  # placeholders take at most 1/8 of the ids left for learned pieces
+
+
+def mine_placeholders(
+    texts: Iterable[str], limit: int | None = None, *, min_count: int = _PLACEHOLDER_MIN_COUNT
+) -> list[str]:
+    """The placeholders of `texts` (matches of `PLACEHOLDER_PATTERN`), most frequent first.
+
+    A placeholder is kept when it occurs at least `min_count` times in all of `texts` (with the
+    default 2, one in the source and one in the target of a pair is enough) and is not one of
+    `SPECIAL_PIECES` (an HTML "<s>" is not the bos piece). Ties in frequency are ordered by the
+    string, so the result does not depend on the order of `texts`.
+
+    Args:
+        texts: Sentences.
+        limit: Keep at most this many (the most frequent); None keeps all.
+        min_count: Fewest occurrences of a kept placeholder.
+
+    Returns:
+        The placeholders, each once.
+    """
+    counts: dict[str, int] = {}
+    find = PLACEHOLDER_PATTERN.findall
+    for text in texts:
+        for found in find(text):
+            counts[found] = counts.get(found, 0) + 1
+    kept = sorted((p for p, n in counts.items() if n >= min_count and p not in SPECIAL_PIECES),
+                  key=lambda p: (-counts[p], p))
+    return kept if limit is None else kept[:max(0, limit)]
 
 
 def train_tokenizer(
@@ -49,6 +104,27 @@ def train_tokenizer(
     `vocab_size` is an upper bound: on a small corpus that cannot fill it, the vocabulary is
     clamped to what the text supports (SentencePiece's `hard_vocab_limit=false`). Every character
     of the text is covered (`character_coverage=1.0`), so umlauts and "ß" never map to unk.
+
+    The model is made to copy text exactly:
+
+    - No normalization but one rule (U+FEFF, the byte-order mark, is dropped; a rule table
+      that is not empty also keeps SentencePiece from logging "precompiled_charsmap is empty"
+      each time the model loads): the default NFKC rules would
+      decode "…" as "...", a non-breaking space as a space, "ｆｕｌｌ" as "full" and "½" as
+      "1⁄2". Whitespace is still tidied: runs of spaces become one, and leading and trailing
+      spaces are dropped.
+    - Digits are always pieces of their own (`split_digits=True`): "2021" is "2" "0" "2" "1".
+    - Byte fallback (`byte_fallback=True`): a character that is not in the vocabulary is encoded
+      as the pieces of its UTF-8 bytes and decoded back to itself, never to unk. The 256 byte
+      pieces are added only when they take at most half of the ids left after the special ids
+      and one id per distinct character, that is for `vocab_size >= 516 + C`, `C` the number
+      of distinct characters of the text other than the space; smaller vocabularies train
+      without them (and without placeholders) and keep unk for unseen characters.
+    - Placeholders are whole pieces (SentencePiece's `user_defined_symbols`, which are never
+      split and never merged with their neighbours): the `mine_placeholders` of the training
+      sentences, the most frequent first, at most an eighth of the ids left after the special
+      ids, the characters and the byte pieces. Placeholders that are not mined still round-trip,
+      in several pieces.
 
     Args:
         texts: Training sentences, source and target together (one shared vocabulary).
@@ -85,31 +161,75 @@ def train_tokenizer(
                 break
     if not sentences:
         raise ValueError("`texts` must contain at least one non-empty sentence. Received none.")
-    model = io.BytesIO()
+    byte_fallback, placeholders = _copy_options(sentences, vocab_size)
+    options = dict(
+        vocab_size=vocab_size,
+        hard_vocab_limit=False,
+        model_type=model_type,
+        character_coverage=1.0,
+        split_digits=True,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sentences),
-            model_writer=model,
-            vocab_size=vocab_size,
-            hard_vocab_limit=False,
-            model_type=model_type,
-            character_coverage=1.0,
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            num_threads=os.cpu_count() or 1,
-            minloglevel=2,
-        )
+        model = _train(sentences, **options, byte_fallback=byte_fallback,
+                       user_defined_symbols=placeholders)
     except RuntimeError as error:
-        raise _training_error(error, vocab_size) from None
+        if not (byte_fallback or placeholders):
+            raise _training_error(error, vocab_size) from None
+        # `_copy_options` counts the characters high, never low, so the extras fit; should they
+        # not, the vocabulary is trained without them, and a failure then names the size the
+        # text needs.
+        try:
+            model = _train(sentences, **options)
+        except RuntimeError as plain_error:
+            raise _training_error(plain_error, vocab_size) from None
     model_path = os.fspath(model_path)
     directory = os.path.dirname(model_path)
     if directory:
         os.makedirs(directory, exist_ok=True)
     with open(model_path, "wb") as f:
-        f.write(model.getvalue())
+        f.write(model)
     return model_path
+
+
+# The normalization rules (SentencePiece's TSV: source code points, tab, target code points):
+# drop the byte-order mark, leave every other character as it is.
+NORMALIZATION_RULES = "FEFF\t\n"
+
+
+def _train(sentences: list[str], **options) -> bytes:
+    """The serialized SentencePiece model trained on `sentences` with `options`."""
+    model = io.BytesIO()
+    with tempfile.TemporaryDirectory(prefix="tfx-tokenizer-") as tmp:
+        rules = os.path.join(tmp, "rules.tsv")
+        with open(rules, "w", encoding="utf-8") as f:
+            f.write(NORMALIZATION_RULES)
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences), model_writer=model,
+                                       normalization_rule_tsv=rules, **options)
+    return model.getvalue()
+
+
+def _copy_options(sentences: list[str], vocab_size: int) -> tuple[bool, list[str]]:
+    """`(byte_fallback, placeholders)` for `sentences` and `vocab_size` (see `train_tokenizer`).
+
+    The characters are counted as SentencePiece counts them without normalization (every space
+    is the one piece "▁", which every sentence holds), or higher: it leaves out the characters
+    that occur only inside user-defined symbols.
+    """
+    characters = set()
+    for sentence in sentences:
+        characters.update(sentence)
+    characters.discard(" ")
+    free = vocab_size - len(SPECIAL_PIECES) - (len(characters) + 1)
+    if free < 2 * _NUM_BYTE_PIECES:
+        return False, []
+    limit = (free - _NUM_BYTE_PIECES) // _PLACEHOLDER_SHARE
+    return True, mine_placeholders(sentences, limit)
 
 
 def _training_error(error: RuntimeError, vocab_size: int) -> ValueError:
