@@ -30,14 +30,15 @@ class ValidationScores(keras.callbacks.Callback):
     """Adds ``val_bleu`` and ``val_chrf`` (sacrebleu, corpus level) of ``pairs`` to the logs
     of every epoch end.
 
-    The held-out sources are translated with ``decoding`` (greedy by default: cheap enough
-    to run every epoch; the final evaluation uses the run's own decoding). Only the chief
-    translates: other workers' logs get nothing.
+    The held-out sources are translated with ``decoding`` (by default greedy, at most 16
+    tokens past each source's length: cheap enough to run every epoch, even while the model
+    is too young to end its sentences; the final evaluation uses the run's own decoding).
+    Only the chief translates: other workers' logs get nothing.
 
     Args:
         tokenizer: the run's tokenizer.
         pairs: ``(source, reference)`` pairs (the first ``limit`` are used).
-        decoding: the search to translate with (default: greedy, ``extra_length`` 50).
+        decoding: the search to translate with (default: greedy, ``extra_length`` 16).
         limit: translate at most this many pairs.
         batch_size: sentences per translation batch.
     """
@@ -49,7 +50,8 @@ class ValidationScores(keras.callbacks.Callback):
         if not (isinstance(limit, int) and limit >= 1):
             raise ValueError(f"`limit` must be a positive integer. Received: {limit!r}")
         self.tokenizer, self.pairs = tokenizer, list(pairs)[:limit]
-        self.decoding = decoding if decoding is not None else DecodingSettings().greedy()
+        self.decoding = decoding if decoding is not None else DecodingSettings(
+            beam_size=1, extra_length=16)
         self.batch_size, self._translate = batch_size, None
 
     def on_epoch_end(self, epoch, logs=None):

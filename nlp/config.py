@@ -47,7 +47,7 @@ class NMTConfig:
     # Per-epoch validation: BLEU/chrF (greedy) of the first `valid_sentences` held-out pairs
     # (0: none); stop after `patience` epochs without a better val_bleu (None: never) and
     # export the best epoch; export the mean of the last `average_last` epochs (up to the best).
-    valid_sentences: int = 200
+    valid_sentences: int = 100
     patience: int | None = None
     average_last: int = 1
     batch_tokens: int = 4096  # source+target token budget per batch (padding included)

@@ -76,19 +76,54 @@ def test_export_runs_without_this_project_and_matches_in_process(tiny_translator
 # Resume after a kill in every phase, through train_nmt.py: tests/scripts/test_run_lifecycle.py.
 
 
+def _model_arrays(path) -> dict:
+    """The model variables of a Keras ``.weights.h5`` file, read with h5py: {h5 path: array}."""
+    import h5py
+
+    arrays = {}
+    with h5py.File(path, "r") as f:
+        f["layers"].visititems(lambda name, node: arrays.__setitem__(name, node[()]) if (
+            isinstance(node, h5py.Dataset)) else None)
+    return arrays
+
+
+def _assert_export_is_the_mean(export, checkpoints):
+    """Every exported variable equals the mean of the checkpoints' values of one variable,
+    and some differ from the last checkpoint's (the export is not just the last epoch)."""
+    files = [_model_arrays(path) for path in checkpoints]
+    mean = {name: np.mean([f[name] for f in files], axis=0) for name in files[0]}
+    exported = [v.numpy() for v in tf.saved_model.load(str(export)).variables]
+
+    def matches(value, table):
+        return any(v.shape == value.shape and np.allclose(v, value, rtol=1e-5, atol=1e-6)
+                   for v in table.values())
+
+    trainable = [v for v in exported if v.size > 1]
+    assert len(trainable) > 10 and all(matches(v, mean) for v in trainable)
+    assert not all(matches(v, files[-1]) for v in trainable)
+
+
 @pytest.mark.slow
 def test_scripts_train_translate_evaluate(tmp_path):
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(60)), encoding="utf-8")
     work = tmp_path / "work"
     train = _run(str(ROOT / "scripts/train_nmt.py"), "--data", f"tsv:{tsv}", "--workdir",
-                 str(work), "--max-steps", "3", "--vocab-size", "100", "--beam", "2")
+                 str(work), "--epochs", "2", "--vocab-size", "100", "--beam", "2",
+                 "--batch-tokens", "400", "--average-last", "2")
     assert train.returncode == 0, train.stderr[-3000:]
     for name in ("tokenizer.model", "metrics.json", "export/saved_model.pb", "checkpoints",
                  "logs"):
         assert (work / name).exists(), name
     metrics = json.loads((work / "metrics.json").read_text())
     assert metrics["valid"]["n"] == 3 and 0 <= metrics["valid"]["bleu"] <= 100
+    # Validation BLEU/chrF every epoch; a progress line that counts the run's steps.
+    assert [sorted(e)[-2:] for e in metrics["history"]] == [["val_bleu", "val_chrf"]] * 2
+    steps = json.loads((work / "run.json").read_text())["steps"]
+    assert f"epoch 2/2 · step {steps}/{steps} · " in train.stdout
+    assert "Epoch 1/" not in train.stdout + train.stderr
+    assert "the mean of the weights of epochs 1-2" in train.stdout
+    _assert_export_is_the_mean(work / "export", sorted((work / "checkpoints").glob("*.h5")))
 
     out = _run(str(ROOT / "scripts/translate.py"), "--model", str(work / "export"),
                "I have three apples.", "")

@@ -232,3 +232,26 @@ def test_fault_hook_values(monkeypatch, tmp_path):
     inject_fault("export")  # another phase: nothing happens
     assert [type(c).__name__ for c in standard_callbacks(tmp_path, tensorboard=False)][-1] == (
         "MetricsLogger")
+
+
+def test_progress_line_says_steps_of_the_bound_and_time_left():
+    import io
+
+    from tfx_transformer.callbacks import Progress
+
+    now, out = [0.0], io.StringIO()
+    progress = Progress(total_steps=4, time_budget=2.0, offset_seconds=30.0, stream=out,
+                        clock=lambda: now[0])
+
+    class Tick(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            now[0] += 10.0
+
+    model = tiny_model()
+    model.fit(X, Y, batch_size=4, epochs=2, verbose=0, shuffle=False,
+              callbacks=[Tick(), progress])
+    lines = out.getvalue().splitlines()
+    # 2 steps an epoch, 10 s a step, 30 s spent before this process: 2:00 - 30 s - 20 s
+    assert lines[0].startswith("epoch 1 · step 2/4 · 1:10 left of 2:00 · loss ")
+    assert lines[1].startswith("epoch 2 · step 4/4 · 0:50 left of 2:00 · loss ")
+    assert lines[1].endswith(" · lr 1.00e-01") and len(lines) == 2  # not a terminal: no \r
