@@ -76,11 +76,13 @@ class Patience(keras.callbacks.Callback):
         patience: epochs without improvement before stopping, >= 1.
         monitor: the log to watch.
         mode: ``"max"`` (higher is better) or ``"min"``.
+        log: where the line saying why it stopped goes (None: nowhere).
     """
 
     def __init__(self, workdir: Workdir | str | os.PathLike, patience: int,
-                 monitor: str = "val_bleu", mode: str = "max"):
+                 monitor: str = "val_bleu", mode: str = "max", log=None):
         super().__init__()
+        self.log = log
         if not (isinstance(patience, int) and patience >= 1):
             raise ValueError(f"`patience` must be a positive integer. Received: {patience!r}")
         self.workdir, self.patience, self.monitor, self.mode = workdir, patience, monitor, mode
@@ -100,3 +102,5 @@ class Patience(keras.callbacks.Callback):
             self.model.stop_training = self.stopped = True
             self.reason = (f"{self.monitor} did not improve for {self.patience} epochs (best "
                            f"at epoch {best})")
+            if self.log is not None and is_chief():
+                self.log(f"early stop: {self.reason}")
