@@ -3,7 +3,8 @@
 For each setting, builds the preset's model (random weights), times ``train_on_batch`` (one
 optimizer step: forward, set loss with matching of every decoder layer, backward, AdamW) and,
 on the same outputs, the matcher alone (scipy and ``keras.ops`` solvers, every decoder layer,
-as the loss calls it), each the median of several repetitions after a warm-up. Prints the
+as the loss calls it), and the whole step XLA-compiled with the ``keras.ops`` solver, each the
+median of several repetitions after a warm-up. Prints the
 matcher's share of the step and, for the setting of DESIGN section 8's reference run of
 facebookresearch/detr (vanilla ``tiny-detr``, batch 16, 128 px), the ratio to its 0.34 s/step
 (a figure measured elsewhere, on a 2-core CPU: not timed here). ``tiny`` adds the two-stage
@@ -73,12 +74,20 @@ def measure(name: str, repeats: int) -> dict:
                   criterion=build_criterion(config, 3), jit_compile=False)
     x, y = _batch(batch, side, objects, config.num_queries, np.random.default_rng(0))
     step = _median_seconds(lambda: model.train_on_batch(x, y), repeats)
+    # The whole step under XLA: only the keras.ops solver compiles (scipy is a host callback).
+    xla_config = preset(preset_name, batch_size=batch, image_size=side, max_image_size=side,
+                        matcher_solver="ops")
+    keras.utils.set_random_seed(0)
+    xla_model = build_model(xla_config, 3)
+    xla_model.compile(optimizer=build_optimizer(xla_config, xla_model),
+                      criterion=build_criterion(xla_config, 3), jit_compile=True)
+    xla_step = _median_seconds(lambda: xla_model.train_on_batch(x, y), repeats)
 
     outputs = model(x, training=True)
     layers = [outputs] + list(outputs["aux_outputs"])
     if "enc_outputs" in outputs:  # two-stage proposals, matched as well
         layers.append(outputs["enc_outputs"])
-    row = {"setting": f"{preset_name} B{batch} {side}px", "step_s": step}
+    row = {"setting": f"{preset_name} B{batch} {side}px", "step_s": step, "xla_step_s": xla_step}
     for solver in ("scipy", "ops"):
         matcher = HungarianMatcher(config.cost_class, config.cost_bbox, config.cost_giou,
                                    solver=solver)
@@ -107,12 +116,13 @@ def main(argv=None) -> int:
     print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, "
           f"{os.cpu_count()} CPUs, GPUs: {len(tf.config.list_physical_devices('GPU'))}")
     print(f"{'setting':<18}{'step':>10}{'matcher (scipy)':>17}{'share':>8}"
-          f"{'matcher (ops)':>15}{'ops / scipy':>13}")
+          f"{'matcher (ops)':>15}{'ops / scipy':>13}{'XLA+ops step':>14}{'XLA / default':>15}")
     for name in names:
         r = measure(name, args.repeats)
         print(f"{r['setting']:<18}{r['step_s'] * 1e3:>8.0f}ms{r['match_scipy_s'] * 1e3:>15.1f}ms"
               f"{r['match_scipy_s'] / r['step_s']:>8.1%}{r['match_ops_s'] * 1e3:>13.1f}ms"
-              f"{r['match_ops_s'] / r['match_scipy_s']:>13.2f}", flush=True)
+              f"{r['match_ops_s'] / r['match_scipy_s']:>13.2f}{r['xla_step_s'] * 1e3:>12.0f}ms"
+              f"{r['xla_step_s'] / r['step_s']:>15.2f}", flush=True)
         if name == "tiny-detr16":
             print(f"{'':<18}ratio = ours / facebookresearch/detr reference "
                   f"({PEER_TINY_B16_S} s/step): {r['step_s'] / PEER_TINY_B16_S:.2f}")
