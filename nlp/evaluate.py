@@ -13,31 +13,78 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
-__all__ = ["translate_all", "score", "evaluate"]
+__all__ = ["translate_all", "nbest_all", "score", "evaluate"]
+
+
+def _check_batch_size(batch_size) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(
+            f"`batch_size` must be an integer >= 1. Received: batch_size={batch_size!r}"
+        )
+
+
+def _in_length_order(run: Callable, sources: Sequence[str], batch_size: int,
+                     progress: bool) -> list:
+    """``run(texts)`` (a list of one result per text) over ``sources``, in batches of
+    similar length (sorted by characters: a batch decodes until its slowest sentence is done,
+    and pads to its longest), the results in the order of ``sources``."""
+    _check_batch_size(batch_size)
+    order = np.argsort([len(s) for s in sources], kind="stable")
+    out: list = [None] * len(sources)
+    bar = keras.utils.Progbar(len(sources), unit_name="sentence") if progress else None
+    for start in range(0, len(sources), batch_size):
+        index = order[start:start + batch_size]
+        for i, result in zip(index, run(tf.constant([sources[i] for i in index], tf.string))):
+            out[i] = result
+        if bar is not None:
+            bar.add(len(index))
+    return out
 
 
 def translate_all(translate: Callable, sources: Sequence[str], batch_size: int = 64,
                   progress: bool = True) -> list[str]:
     """Translates ``sources`` in batches of similar length, keeping their order.
 
+    Each sentence translates as it would alone (`nlp.decoding`: padding changes nothing), so
+    the order of the batches changes no translation.
+
     Raises:
         ValueError: ``batch_size`` is not a positive integer.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"`batch_size` must be an integer >= 1. Received: batch_size={batch_size!r}"
-        )
-    order = np.argsort([len(s) for s in sources], kind="stable")
-    out: list[str] = [""] * len(sources)
-    bar = keras.utils.Progbar(len(sources), unit_name="sentence") if progress else None
-    for start in range(0, len(sources), batch_size):
-        index = order[start:start + batch_size]
-        texts = tf.constant([sources[i] for i in index], tf.string)
-        for i, text in zip(index, translate(texts).numpy()):
-            out[i] = text.decode("utf-8")
-        if bar is not None:
-            bar.add(len(index))
-    return out
+    def run(texts):
+        return [text.decode("utf-8") for text in translate(texts).numpy()]
+
+    return _in_length_order(run, sources, batch_size, progress)
+
+
+def nbest_all(translate_nbest: Callable, sources: Sequence[str], nbest: int | None = None,
+              batch_size: int = 64, progress: bool = True) -> list[list[tuple[float, str]]]:
+    """The n-best lists of ``sources``, in batches of similar length, keeping their order.
+
+    Args:
+        translate_nbest: ``texts (N,) -> (hypotheses (N, K), scores (N, K))``, e.g. a loaded
+            translator's ``translate_nbest``.
+        sources: the sentences.
+        nbest: keep the first this many of each list (default: all ``K``).
+        batch_size: sentences per call.
+        progress: show a progress bar.
+
+    Returns:
+        One list per source of ``(score, hypothesis)``, best first.
+
+    Raises:
+        ValueError: ``batch_size`` or ``nbest`` is not a positive integer.
+    """
+    if nbest is not None and (isinstance(nbest, bool) or not isinstance(nbest, int)
+                              or nbest < 1):
+        raise ValueError(f"`nbest` must be an integer >= 1. Received: nbest={nbest!r}")
+
+    def run(texts):
+        hypotheses, scores = translate_nbest(texts)
+        return [[(float(s), h.decode("utf-8")) for s, h in zip(row_scores, row)][:nbest]
+                for row, row_scores in zip(hypotheses.numpy(), scores.numpy())]
+
+    return _in_length_order(run, sources, batch_size, progress)
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict:

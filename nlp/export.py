@@ -9,13 +9,19 @@ SavedModel runs in a process that has only ``tensorflow`` and ``tensorflow_text`
     translator = tf.saved_model.load("DIR/export")
     out = translator.signatures["serving_default"](text=tf.constant(["I have three apples."]))
     print(out["translation"].numpy()[0].decode())
+    nbest = translator.signatures["translate_nbest"](text=tf.constant(["I have three apples."]))
+    print(nbest["hypotheses"].numpy()[0], nbest["scores"].numpy()[0])
 
 Layout of ``DIR/export``: the SavedModel, with signatures ``serving_default`` (beam search as
 ``DecodingSettings`` say) and ``greedy`` (the same with ``beam_size=1``), both ``text`` (N,)
-tf.string → ``translation`` (N,) tf.string; and ``translator.json``, which records the
+tf.string → ``translation`` (N,) tf.string, and ``translate_nbest``: ``text`` (N,) →
+``hypotheses`` (N, K) tf.string and ``scores`` (N, K) float32, the ``K = beam_size`` best
+hypotheses of the beam search, best first, with their length-penalized log-probabilities
+(the first is ``serving_default``'s translation); and ``translator.json``, which records the
 decoding settings, the signatures and the vocabulary size. Exports written before
 ``translator.json`` existed have ``beam_size.txt`` instead (the width of ``serving_default``);
-`load_translator` reads both.
+`load_translator` reads both. Exports written before ``translate_nbest`` existed load and
+translate as before; only asking them for n-best lists is an error.
 """
 
 from __future__ import annotations
@@ -34,24 +40,32 @@ from nlp.tokenizer import Tokenizer
 
 __all__ = [
     "GREEDY",
+    "HYPOTHESES_KEY",
     "INFO_FILE",
     "INPUT_KEY",
+    "NBEST",
     "NotATranslatorError",
     "OUTPUT_KEY",
+    "SCORES_KEY",
     "SERVING",
+    "Translator",
     "export_translator",
     "load_translator",
     "make_translate_fn",
+    "nbest_size",
     "read_info",
 ]
 
 SERVING = "serving_default"  # beam search with the exported `beam_size`
 GREEDY = "greedy"  # greedy search
+NBEST = "translate_nbest"  # the `beam_size` best hypotheses of SERVING's search, with scores
 INPUT_KEY = "text"  # signature input: tf.string (N,)
 OUTPUT_KEY = "translation"  # signature output: tf.string (N,)
+HYPOTHESES_KEY = "hypotheses"  # NBEST output: tf.string (N, K), best first
+SCORES_KEY = "scores"  # NBEST output: float32 (N, K), descending
 INFO_FILE = "translator.json"
 LEGACY_BEAM_FILE = "beam_size.txt"  # what exports had before INFO_FILE
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: with the NBEST signature
 SOURCE_LENGTH_MULTIPLE = 16  # with XLA, sources are padded to this so few shapes compile
 DETECTOR_FILE = "classes.json"  # what a detector export has (vision.export.CLASSES_FILE)
 
@@ -80,8 +94,8 @@ def _check_decoding(decoding) -> None:
 
 
 def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
-                      max_source_length: int | None = None,
-                      jit_compile: bool = True) -> Callable[[tf.Tensor], tf.Tensor]:
+                      max_source_length: int | None = None, jit_compile: bool = False,
+                      nbest: bool = False) -> Callable[[tf.Tensor], tf.Tensor]:
     """``text (N,) tf.string -> (N,) tf.string``, tokenization and decoding in one graph.
 
     Sources longer than ``max_source_length`` tokens (default: what the model's position
@@ -92,7 +106,8 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
     sources are padded to a multiple of 16 tokens so that few shapes compile. Padding changes
     nothing: it is masked, and each sentence decodes at most its own source length (eos
     included) + ``extra_length`` tokens, so a sentence translates the same alone and in any
-    batch.
+    batch. On a CPU, XLA does not pay for the tiny model: each batch shape compiles anew
+    (seconds each), and the compiled search is not faster (``benchmarks/nmt_decode.py``).
 
     Args:
         model: a ``Seq2SeqTransformer``.
@@ -100,6 +115,9 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
         decoding: beam search for ``beam_size > 1``, else greedy search.
         max_source_length: longest source kept, eos included.
         jit_compile: XLA-compile the search loop.
+        nbest: return the ``K = decoding.beam_size`` best hypotheses instead: ``text (N,) ->
+            (hypotheses (N, K) tf.string, scores (N, K) float32)``, best first
+            (`nlp.decoding.search` with ``nbest``).
     """
     _check_decoding(decoding)
     if max_source_length is None:
@@ -112,7 +130,7 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
         )
 
     def run_search(source):
-        return search(model, source, decoding)
+        return search(model, source, decoding, nbest=nbest)
 
     if jit_compile:
         run_search = tf.function(run_search, jit_compile=True, reduce_retracing=True)
@@ -126,7 +144,12 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
             length = tf.shape(source)[1]
             padded = -(-length // SOURCE_LENGTH_MULTIPLE) * SOURCE_LENGTH_MULTIPLE
             source = tf.pad(source, [[0, 0], [0, padded - length]])
-        return tokenizer.detokenize(run_search(source))
+        if not nbest:
+            return tokenizer.detokenize(run_search(source))
+        ids, scores = run_search(source)  # (N, K, L), (N, K)
+        shape = tf.shape(ids)
+        texts = tokenizer.detokenize(tf.reshape(ids, [shape[0] * shape[1], shape[2]]))
+        return tf.reshape(texts, shape[:2]), scores
 
     return translate
 
@@ -138,6 +161,14 @@ def _serving(translate):
     return serve
 
 
+def _serving_nbest(translate_nbest):
+    def serve(text):
+        hypotheses, scores = translate_nbest(text)
+        return {HYPOTHESES_KEY: hypotheses, SCORES_KEY: scores}
+
+    return serve
+
+
 def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
     return {
         "format_version": FORMAT_VERSION,
@@ -145,7 +176,9 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
         "length_penalty": decoding.length_penalty,
         "extra_length": decoding.extra_length,
         "signatures": {SERVING: {"beam_size": decoding.beam_size},
-                       GREEDY: {"beam_size": 1}},
+                       GREEDY: {"beam_size": 1},
+                       NBEST: {"beam_size": decoding.beam_size,
+                               "output_keys": [HYPOTHESES_KEY, SCORES_KEY]}},
         "input_key": INPUT_KEY,
         "output_key": OUTPUT_KEY,
         "vocab_size": tokenizer.vocab_size,
@@ -174,8 +207,9 @@ def _replace_dir(tmp: str, path: str) -> None:
 
 
 def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
-                      decoding: DecodingSettings, jit_compile: bool = True) -> str:
-    """Writes the SavedModel (signatures ``SERVING`` and ``GREEDY``) and ``translator.json``.
+                      decoding: DecodingSettings, jit_compile: bool = False) -> str:
+    """Writes the SavedModel (signatures ``SERVING``, ``GREEDY``, ``NBEST``) and
+    ``translator.json``.
 
     The export is written to a temporary directory beside ``path`` and moved into place at the
     end, so a failed export never leaves a half-written directory in place of a good one.
@@ -184,7 +218,8 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
         model: a trained ``Seq2SeqTransformer``.
         tokenizer: its tokenizer.
         path: output directory (replaced if it exists).
-        decoding: how ``SERVING`` decodes; ``GREEDY`` uses the same with ``beam_size=1``.
+        decoding: how ``SERVING`` and ``NBEST`` decode; ``GREEDY`` uses the same with
+            ``beam_size=1``.
         jit_compile: XLA-compile the search loop (see ``make_translate_fn``).
 
     Returns:
@@ -198,13 +233,14 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
     try:
         archive = keras.export.ExportArchive()
         archive.track(model)
+        text_spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
         for name, settings in ((SERVING, decoding), (GREEDY, decoding.greedy())):
             translate = make_translate_fn(model, tokenizer, settings, jit_compile=jit_compile)
-            archive.add_endpoint(
-                name=name,
-                fn=_serving(translate),
-                input_signature=[tf.TensorSpec([None], tf.string, name=INPUT_KEY)],
-            )
+            archive.add_endpoint(name=name, fn=_serving(translate), input_signature=text_spec)
+        translate_nbest = make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile,
+                                            nbest=True)
+        archive.add_endpoint(name=NBEST, fn=_serving_nbest(translate_nbest),
+                             input_signature=text_spec)
         archive.write_out(tmp, verbose=False)
         with open(os.path.join(tmp, INFO_FILE), "w", encoding="utf-8") as f:
             json.dump(_info(decoding, tokenizer), f, indent=2)
@@ -276,10 +312,19 @@ def read_info(path: str | os.PathLike) -> dict:
     }
 
 
-def _signature(path: str, name: str, input_key: str, output_key: str):
-    """The signature ``name`` of the SavedModel at ``path``, checked to map strings to strings."""
+def nbest_size(info: dict) -> int | None:
+    """``K`` of the export's ``NBEST`` signature as ``info`` (`read_info`) records it, or
+    ``None`` for an export written before that signature existed."""
+    signatures = info.get("signatures")
+    entry = signatures.get(NBEST) if isinstance(signatures, dict) else None
+    size = entry.get("beam_size") if isinstance(entry, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def _load(path: str):
+    """The SavedModel at ``path``, loaded (`NotATranslatorError` if it cannot be)."""
     try:
-        signatures = tf.saved_model.load(path).signatures
+        return tf.saved_model.load(path)
     except (OSError, ValueError, tf.errors.OpError) as error:
         reason = " ".join(str(error).split())[:200]
         raise NotATranslatorError(path, f"is not a loadable SavedModel: {reason}") from None
@@ -287,6 +332,10 @@ def _signature(path: str, name: str, input_key: str, output_key: str):
         if "DecodeError" not in type(error).__name__:
             raise
         raise NotATranslatorError(path, "has a corrupt saved_model.pb") from None
+
+
+def _signature(path: str, signatures, name: str, input_key: str, output_keys: list[str]):
+    """The signature ``name``, checked to take strings ``input_key`` and return ``output_keys``."""
     if name not in signatures:
         raise NotATranslatorError(path, f"has no {name!r} signature (it has "
                                         f"{sorted(signatures)}), so it is no translator export")
@@ -296,16 +345,73 @@ def _signature(path: str, name: str, input_key: str, output_key: str):
         raise NotATranslatorError(
             path, f"has no {input_key!r} signature input (its {name!r} takes "
                   f"{sorted(inputs)}), so it is no translator export")
-    if output_key not in serve.structured_outputs:
-        raise NotATranslatorError(
-            path, f"has no {output_key!r} signature output (its {name!r} returns "
-                  f"{sorted(serve.structured_outputs)}), so it is no translator export")
+    for output_key in output_keys:
+        if output_key not in serve.structured_outputs:
+            raise NotATranslatorError(
+                path, f"has no {output_key!r} signature output (its {name!r} returns "
+                      f"{sorted(serve.structured_outputs)}), so it is no translator export")
     return serve
 
 
-def load_translator(path: str | os.PathLike,
-                    beam_size: int | None = None) -> Callable[[tf.Tensor], tf.Tensor]:
-    """Loads an exported translator; returns ``text (N,) tf.string -> (N,) tf.string``.
+class Translator:
+    """A loaded translator export (`load_translator`).
+
+    Call it as ``translator(text)``: ``text (N,) tf.string -> (N,) tf.string``, with the
+    search it was loaded for. ``translator.translate_nbest(text)`` returns the export's n-best
+    lists.
+
+    Attributes:
+        path: the export directory.
+        info: its `read_info`.
+        beam_size: the width ``translator(text)`` decodes with (``None``: the default
+            signature of an export that does not say).
+        nbest_size: ``K`` of ``translate_nbest`` (the exported beam size), or ``None`` for an
+            export written before n-best lists existed.
+    """
+
+    def __init__(self, path: str, info: dict, beam_size: int | None, saved_model, serve,
+                 nbest):
+        self.path = path
+        self.info = info
+        self.beam_size = beam_size
+        self.nbest_size = nbest_size(info) if nbest is not None else None
+        self._saved_model = saved_model  # keeps the signatures' variables alive
+        self._serve = serve
+        self._nbest = nbest
+        self._input_key = info.get("input_key", INPUT_KEY)
+        self._output_key = info.get("output_key", OUTPUT_KEY)
+
+    def __call__(self, text: tf.Tensor) -> tf.Tensor:
+        return self._serve(**{self._input_key: text})[self._output_key]
+
+    def translate_nbest(self, text: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """The ``K = nbest_size`` best hypotheses of every sentence, best first.
+
+        The export's beam search (``SERVING``'s, also when the translator was loaded for
+        greedy search); the first hypothesis is ``SERVING``'s translation.
+
+        Args:
+            text: ``(N,)`` tf.string.
+
+        Returns:
+            ``hypotheses`` ``(N, K)`` tf.string and ``scores`` ``(N, K)`` float32 (the
+            length-penalized log-probabilities, descending).
+
+        Raises:
+            ValueError: the export has no ``NBEST`` signature (written before n-best lists
+                existed: export the model again to get them).
+        """
+        if self._nbest is None:
+            raise ValueError(
+                f"{self.path} has no {NBEST!r} signature: it was exported before n-best lists "
+                "existed (it translates as before); export the model again "
+                "(nlp.export.export_translator) to get them")
+        out = self._nbest(**{self._input_key: text})
+        return out[HYPOTHESES_KEY], out[SCORES_KEY]
+
+
+def load_translator(path: str | os.PathLike, beam_size: int | None = None) -> Translator:
+    """Loads an exported translator: a `Translator`, ``text (N,) tf.string -> (N,) tf.string``.
 
     Args:
         path: the export directory.
@@ -329,5 +435,11 @@ def load_translator(path: str | os.PathLike,
                          f"({SERVING}) or 1 ({GREEDY}).")
     name = GREEDY if beam_size == 1 and exported != 1 else SERVING
     input_key, output_key = info.get("input_key", INPUT_KEY), info.get("output_key", OUTPUT_KEY)
-    serve = _signature(path, name, input_key, output_key)
-    return lambda text: serve(**{input_key: text})[output_key]
+    saved_model = _load(path)
+    signatures = saved_model.signatures
+    serve = _signature(path, signatures, name, input_key, [output_key])
+    nbest = None
+    if nbest_size(info) is not None and NBEST in signatures:
+        nbest = _signature(path, signatures, NBEST, input_key, [HYPOTHESES_KEY, SCORES_KEY])
+    return Translator(path, info, exported if beam_size is None else beam_size, saved_model,
+                      serve, nbest)

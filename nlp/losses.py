@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from nlp.tokenizer import PAD_ID
+from tfx_transformer.distribute import replica_sum
 
 __all__ = ["MaskedLabelSmoothedCrossEntropy", "MaskedAccuracy"]
 
@@ -17,6 +18,14 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     Per token: ``ℓ = −(1 − ε)·log p_y − (ε/V)·Σ_v log p_v``; the batch loss is
     ``Σ ℓ·[y ≠ pad] / max(Σ [y ≠ pad], 1)``, so padding contributes nothing and the value does
     not depend on how much padding a batch has.
+
+    Under a `tf.distribute` strategy with several replicas the count ``Σ [y ≠ pad]`` is that
+    of the global batch (summed over the replicas, `tfx_transformer.distribute.replica_sum`):
+    each replica returns its share of the global mean, so the replicas' losses add up to it
+    and their gradients, which Keras sums, are the single-device gradients of the global
+    batch. (Keras's trainer reports the loss multiplied by the number of replicas and
+    averaged over them, which is again the global mean when the replicas hold as many rows,
+    as `nlp.data.batching.make_batches` makes them.)
 
     Args:
         label_smoothing: ``ε``.
@@ -45,7 +54,8 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
         eps = self.label_smoothing
         per_token = (1.0 - eps) * nll + eps * smooth
         mask = ops.cast(ops.not_equal(y_true, self.pad_id), "float32")
-        return per_token * mask / ops.maximum(ops.sum(mask), 1.0)
+        tokens = replica_sum(ops.sum(mask))  # of the global batch under a strategy
+        return per_token * mask / ops.maximum(tokens, 1.0)
 
     def get_config(self):
         config = super().get_config()

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 import re
+import tempfile
 from typing import Iterable, Sequence
 
 import sentencepiece as spm

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 import keras
 import tensorflow as tf
 
+from nlp.callbacks import Patience, ValidationScores
 from nlp.config import NMTConfig
 from nlp.data.batching import bucket_boundaries, make_batches
 from nlp.data.sources import load_pairs
@@ -25,7 +26,6 @@ from nlp.export import export_translator, make_translate_fn
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
 from nlp.tokenizer import Tokenizer, train_tokenizer
-from nlp.callbacks import Patience, ValidationScores
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.callbacks import BudgetProgress
 from tfx_transformer.checkpoints import choose_weights
@@ -51,7 +51,8 @@ def _requested_vocab_size(tokenizer: Tokenizer) -> int:
 
 
 def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
-                    check: Callable[[Tokenizer], None] | None = None) -> Tokenizer:
+                    check: Callable[[Tokenizer], None] | None = None,
+                    strategy: tf.distribute.Strategy | None = None) -> Tokenizer:
     """Reuses ``path`` if it exists (a resumed run must keep its vocabulary), else trains it.
 
     A reused tokenizer trained for another ``vocab_size`` is an error: the work directory's
@@ -59,35 +60,67 @@ def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
     needs ``--restart`` or a new work directory). A new one is written to ``path`` only once
     ``check(tokenizer)`` (if given) has passed, so data it rejects leaves no file behind.
 
+    With several workers (``strategy``, by default the `MultiWorkerMirroredStrategy` of this
+    process, `tfx_transformer.distribute.multi_worker_strategy`) only the chief reuses or
+    trains the tokenizer and writes ``path``, in its own work directory. Every other worker
+    waits for the chief's model proto, which comes by a collective broadcast over the
+    strategy (`tfx_transformer.distribute.broadcast_from_chief`: no shared file system is
+    needed), runs ``check`` on it and writes nothing. All workers must call this at the same
+    point; when the chief fails, the others raise too instead of waiting.
+
     Raises:
-        ValueError: ``path`` was trained for another ``vocab_size``, or ``check`` raised.
+        ValueError: ``path`` was trained for another ``vocab_size``, or ``check`` raised; on
+            a non-chief worker, the chief could not build its tokenizer.
     """
-    if os.path.exists(path):
-        tokenizer = Tokenizer.from_file(path)
-        trained_for = _requested_vocab_size(tokenizer)
-        if trained_for != vocab_size:
-            raise ValueError(
-                f"{path} was trained with --vocab-size {trained_for}, not {vocab_size}, and this "
-                f"work directory keeps its tokenizer (a vocabulary of {tokenizer.vocab_size}): "
-                f"rerun with --vocab-size {trained_for} to go on with it, or with --restart (or "
-                "a new --workdir) to train a new one")
-        if check is not None:
-            check(tokenizer)
-    else:
-        texts = [text for pair in pairs for text in pair]
-        fd, tmp = tempfile.mkstemp(prefix=".tokenizer.", suffix=".model",
-                                   dir=os.path.dirname(path) or ".")
-        os.close(fd)
-        try:
-            train_tokenizer(texts, tmp, vocab_size=vocab_size)
-            tokenizer = Tokenizer.from_file(tmp)
+    from tfx_transformer.distribute import broadcast_from_chief, is_chief, multi_worker_strategy
+
+    def build() -> Tokenizer:
+        if os.path.exists(path):
+            tokenizer = Tokenizer.from_file(path)
+            trained_for = _requested_vocab_size(tokenizer)
+            if trained_for != vocab_size:
+                raise ValueError(
+                    f"{path} was trained with --vocab-size {trained_for}, not {vocab_size}, "
+                    f"and this work directory keeps its tokenizer (a vocabulary of "
+                    f"{tokenizer.vocab_size}): rerun with --vocab-size {trained_for} to go on "
+                    "with it, or with --restart (or a new --workdir) to train a new one")
             if check is not None:
                 check(tokenizer)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        log(f"tokenizer: trained on {len(texts)} sentences -> {path}")
+        else:
+            texts = [text for pair in pairs for text in pair]
+            fd, tmp = tempfile.mkstemp(prefix=".tokenizer.", suffix=".model",
+                                       dir=os.path.dirname(path) or ".")
+            os.close(fd)
+            try:
+                train_tokenizer(texts, tmp, vocab_size=vocab_size)
+                tokenizer = Tokenizer.from_file(tmp)
+                if check is not None:
+                    check(tokenizer)
+                os.replace(tmp, path)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            log(f"tokenizer: trained on {len(texts)} sentences -> {path}")
+        return tokenizer
+
+    strategy = strategy if strategy is not None else multi_worker_strategy()
+    if strategy is None:
+        tokenizer = build()
+    elif is_chief():
+        try:
+            tokenizer = build()
+        except BaseException:
+            broadcast_from_chief(b"", strategy)  # so that the other workers stop waiting
+            raise
+        broadcast_from_chief(tokenizer.model_proto, strategy)
+    else:
+        proto = broadcast_from_chief(None, strategy)
+        if not proto:
+            raise ValueError("the chief worker could not build the tokenizer; see its log")
+        tokenizer = Tokenizer(proto)
+        if check is not None:
+            check(tokenizer)
+        log("tokenizer: received from the chief worker")
     log(f"tokenizer: vocabulary of {tokenizer.vocab_size}")
     return tokenizer
 
@@ -148,8 +181,11 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
     Args:
         data: ``embedded``, ``tsv:PATH`` or ``tfds:NAME``.
         workdir: work directory (created; nothing in it is deleted).
-        config: the model, training and decoding settings (`nlp.config.preset`); the export
-            and the evaluation decode with ``config.decoding``.
+        config: the model, training and decoding settings (`nlp.config.preset`): the
+            learning-rate schedule (``schedule``: the budget schedule spans the run's step
+            bound and time budget), per-epoch validation (``valid_sentences``, ``patience``)
+            and the exported weights (``average_last``; the best epoch with ``patience``);
+            the export and the evaluation decode with ``config.decoding``.
         run: strategy, precision, epochs (default `DEFAULT_EPOCHS`, or unlimited with
             ``max_steps``/``time_budget``), seed, held-out share of a ``tsv:`` file,
             ``eval_limit`` (evaluate on at most this many held-out pairs; None: all) and
@@ -201,7 +237,8 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
         ds = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
         ds = make_batches(ds, tokenizer, config.batch_tokens, config.max_length,
                           shuffle=shuffle, seed=run.seed,
-                          pad_to_bucket_boundary=run.jit_compile)[0]
+                          pad_to_bucket_boundary=run.jit_compile,
+                          num_replicas=trainer.replicas)[0]
         # A known length: Keras then ends each epoch there, without "ran out of data".
         return ds.apply(tf.data.experimental.assert_cardinality(steps))
 
@@ -229,7 +266,7 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
         if not validating:
             raise ValueError("`patience` needs held-out pairs and `valid_sentences` > 0 (it "
                              "stops on their val_bleu)")
-        watch.append(Patience(trainer.workdir, config.patience))
+        watch.append(Patience(trainer.workdir, config.patience, log=log))
 
     def final_weights() -> None:
         monitor = "val_bleu" if config.patience is not None else None

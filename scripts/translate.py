@@ -4,6 +4,13 @@ Without TEXT, translates standard input line by line (UTF-8, one sentence per li
 input is read and checked before anything is translated: a line that is not UTF-8 is an error
 naming its line number, and then nothing at all is translated, so the output is never a part
 of the input that looks like the whole of it.
+
+Prints one translation per line. With --nbest K (1 to the export's beam size), prints the K
+best hypotheses of the beam search for every sentence instead, best first, one per line:
+NUMBER<TAB>SCORE<TAB>HYPOTHESIS, where NUMBER is the sentence's position in the input (1 for
+the first TEXT or line) and SCORE its length-penalized log-probability (4 decimals, higher is
+better; -1000000000.0000 marks a slot with no hypothesis). The first hypothesis of each
+sentence is what translating without --nbest prints.
 """
 
 from __future__ import annotations
@@ -17,8 +24,14 @@ from scripts._quiet import quiet_start  # noqa: E402
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
-from nlp.evaluate import translate_all  # noqa: E402
-from nlp.export import NotATranslatorError, load_translator, read_info  # noqa: E402
+from nlp.evaluate import nbest_all, translate_all  # noqa: E402
+from nlp.export import (  # noqa: E402
+    NBEST,
+    NotATranslatorError,
+    load_translator,
+    nbest_size,
+    read_info,
+)
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 
@@ -55,24 +68,56 @@ def check_texts(texts: list[str]) -> list[str]:
     return texts
 
 
+def check_nbest(nbest: int | None, info: dict, model: str, beam_size: int | None) -> None:
+    """Raises `ValueError` naming ``--nbest`` unless the export can give lists of ``nbest``."""
+    if nbest is None:
+        return
+    size = nbest_size(info)
+    if size is None:
+        raise ValueError(f"--nbest {nbest}: --model {model} has no {NBEST!r} signature (it was "
+                         "exported before n-best lists existed); export the model again "
+                         "(nlp.export.export_translator)")
+    if nbest > size:
+        raise ValueError(f"--nbest {nbest}: this export keeps {size} hypotheses per sentence "
+                         f"(its beam size); give --nbest 1 to {size}")
+    if beam_size is not None and beam_size != info["beam_size"]:
+        raise ValueError(f"--nbest {nbest}: n-best lists come from the export's beam search "
+                         f"(beam size {info['beam_size']}); leave out --beam-size {beam_size}")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="the export directory (DIR/export)")
     parser.add_argument("--beam-size", "--beam", type=positive(int), default=None,
                         help="beam width: the exported one (default) or 1 for greedy")
     parser.add_argument("--batch-size", type=positive(int), default=32)
+    parser.add_argument("--nbest", type=positive(int), default=None, metavar="K",
+                        help="print the K best hypotheses of each sentence: "
+                             "NUMBER<TAB>SCORE<TAB>HYPOTHESIS lines (K: 1 to the beam size)")
     parser.add_argument("text", nargs="*", help="sentences to translate (default: stdin lines)")
     parser.add_argument("--verbose", action="store_true",
                         help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
     try:
-        read_info(args.model)  # a wrong --model fails before stdin is read
+        info = read_info(args.model)  # a wrong --model or --nbest fails before stdin is read
+        check_nbest(args.nbest, info, args.model, args.beam_size)
         texts = check_texts(args.text) if args.text else read_lines(sys.stdin)
         translate = load_translator(args.model, args.beam_size)
     except NotATranslatorError as error:
         raise ValueError(f"--model {error}") from None
-    for line in translate_all(translate, texts, args.batch_size, progress=False):
-        print(line, flush=True)
+    if args.nbest is None:
+        for line in translate_all(translate, texts, args.batch_size, progress=False):
+            print(line, flush=True)
+        return 0
+    if translate.nbest_size is None:  # translator.json lists it, the SavedModel lacks it
+        raise ValueError(f"--nbest {args.nbest}: --model {args.model} has no {NBEST!r} "
+                         "signature; export the model again (nlp.export.export_translator)")
+    lists = nbest_all(translate.translate_nbest, texts, args.nbest, args.batch_size,
+                      progress=False)
+    for number, hypotheses in enumerate(lists, start=1):
+        for score, hypothesis in hypotheses:
+            print(f"{number}\t{score:.4f}\t{hypothesis}", flush=True)
     return 0
 
 

@@ -78,6 +78,11 @@ class Trainer:
                  log: Callable[..., None] = print, *, state_files: Iterable[str] = ()):
         if not isinstance(run, RunOptions):
             raise TypeError(f"`run` must be a RunOptions. Received: {type(run).__name__}")
+        if run.strategy == "multi_worker" and run.time_budget is not None:
+            # Each worker's clock would stop it (and set a time-based schedule) on its own.
+            raise ValueError("`--time-budget` cannot bound a `--strategy multi_worker` run: "
+                             "each worker measures its own time, so they would stop at "
+                             "different steps; bound it with `--max-steps` or `--epochs`")
         self.started = time.monotonic()
         self.strategy: tf.distribute.Strategy = get_strategy(run.strategy)
         policy = set_mixed_precision(run.mixed_precision)

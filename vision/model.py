@@ -20,6 +20,7 @@ import keras
 from keras import ops
 
 from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, TransformerEncoder
+from tfx_transformer.distribute import num_replicas, replica_sum
 from vision.backbone import build_backbone
 from vision.geometry import resize_mask
 from vision.heads import MLP
@@ -156,8 +157,9 @@ class DETR(keras.Model):
         self.box_decoding = box_decoding
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
-        self._num_replicas = 1
-        self._all_reduce_sum: Callable | None = None
+        # (num_replicas, all_reduce_sum) set by `configure_replicas`; None: from the step's
+        # `tf.distribute` replica context.
+        self._replicas: tuple[int, Callable | None] | None = None
 
     def build(self, inputs_shape):
         images_shape = inputs_shape["images"] if isinstance(inputs_shape, dict) else inputs_shape
@@ -267,41 +269,57 @@ class DETR(keras.Model):
             self.optimizer.build(self.trainable_variables)  # so that its state can be loaded
 
     def configure_replicas(self, num_replicas: int, all_reduce_sum: Callable | None) -> None:
-        """Sets the cross-replica reduction used by a distributed trainer.
+        """Sets the cross-replica reduction of `compute_loss` explicitly.
 
-        DETR normalizes the box losses by the number of targets averaged over replicas, and
-        Keras sums the replicas' gradients, so each replica's loss is divided by
-        ``num_replicas``. The trainer (the TensorFlow edge) passes
-        ``strategy.num_replicas_in_sync`` and a function summing a scalar over replicas.
+        Not needed under `tf.distribute`: without it `compute_loss` takes the replicas and
+        the all-reduce from the replica context of the step
+        (`tfx_transformer.distribute.num_replicas` and ``replica_sum``). Given, ``num_replicas``
+        replaces that count and ``all_reduce_sum`` (a function summing a scalar over the
+        replicas, or None for no reduction) that sum.
         """
-        if not isinstance(num_replicas, int) or num_replicas < 1:
+        if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or (
+                num_replicas < 1):
             raise ValueError(
                 f"`num_replicas` must be a positive integer. Received: {num_replicas!r}"
             )
-        self._num_replicas = num_replicas
-        self._all_reduce_sum = all_reduce_sum
+        self._replicas = (num_replicas, all_reduce_sum)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """The criterion's ``"loss"`` on ``y = {"labels", "boxes", "valid"}``.
 
         Also updates the ``loss_ce``, ``loss_bbox`` and ``loss_giou`` metrics (last layer).
+
+        Under a `tf.distribute` strategy with ``n`` replicas this is DETR's distributed
+        loss: ``num_boxes`` is the number of targets summed over the replicas (an
+        all-reduce) divided by ``n``, then clamped to at least 1 (the criterion's clamp), as
+        in facebookresearch/detr; and each replica returns its loss divided by ``n``, because
+        Keras sums the replicas' gradients (DETR averages them) and reports the loss times
+        ``n`` averaged over the replicas (Keras's ``unscale_loss_for_distribution``). The box
+        losses then equal those of the global batch on one device. The classification loss
+        is, as in DETR, each replica's own weighted mean averaged over the replicas: it
+        equals the global one when the replicas' class weights add up alike (as many
+        objects on each replica, or ``eos_coef = 1`` with images of one size).
         """
         del x, sample_weight, training
         if self.criterion is None:
             raise ValueError("Call `compile()` before training or evaluating the model.")
         if y is None or y_pred is None:
             return None
+        if self._replicas is None:  # from the replica context; 1 and the identity outside
+            replicas, all_reduce_sum = num_replicas(), replica_sum
+        else:
+            replicas, all_reduce_sum = self._replicas
         num_boxes = self.criterion.count_boxes(y)
-        if self._all_reduce_sum is not None:
-            num_boxes = self._all_reduce_sum(num_boxes) / self._num_replicas
+        if all_reduce_sum is not None:
+            num_boxes = all_reduce_sum(num_boxes) / replicas
         losses = self.criterion(y_pred, y, num_boxes=num_boxes)
         for tracker in self.loss_trackers:
             tracker.update_state(losses[tracker.name])
         loss = losses["loss"]
         for extra in self.losses:  # regularization losses, if any
             loss = loss + ops.cast(extra, loss.dtype)
-        if self._num_replicas > 1:
-            loss = loss / self._num_replicas
+        if replicas > 1:
+            loss = loss / replicas
         return loss
 
     # --- serialization -----------------------------------------------------------------------

@@ -164,22 +164,42 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         raise ValueError(f"--data {data}: no training images{held_out}; nothing to train on")
     limit = ObjectLimit(config.num_queries)  # DETR needs a query per object
     global_batch = config.batch_size * trainer.replicas
+    # Several replicas: each replica gets as many images in every batch (Keras builds the
+    # model from the first batch split over the replicas, which must give one shape, and a
+    # replica without images cannot run): whole training batches (DETR drops the last one
+    # too), and validation images to a multiple of the replicas.
+    whole = trainer.replicas > 1
+    train_steps = (num_train // global_batch if whole else math.ceil(num_train / global_batch)
+                   ) if num_train else None
+    if train_steps == 0:
+        raise ValueError(f"--data {data}: {num_train} training images, fewer than the global "
+                         f"batch of {global_batch} ({config.batch_size} per replica times "
+                         f"{trainer.replicas} replicas)")
     sizes = dict(image_size=config.image_size, max_size=config.max_image_size)
     train_ds = source.batches("train", batch_size=global_batch, object_limit=limit,
-                              seed=run.seed, augmentation=config.augmentation, **sizes)
+                              seed=run.seed, augmentation=config.augmentation,
+                              drop_remainder=whole, **sizes)
     if num_valid is not None and run.eval_limit is not None:
         num_valid = min(num_valid, run.eval_limit)
     source.check_max_objects("valid", config.num_queries)
     valid_records = source.records("valid")
     if run.eval_limit is not None:
         valid_records = valid_records.take(run.eval_limit)
-    valid_ds = None if num_valid == 0 else make_batches(
-        valid_records, batch_size=global_batch, object_limit=limit, **sizes)
-    if valid_ds is not None and num_valid is not None:  # Keras then needs no "ran out of data"
+    fit_valid = num_valid  # the validation images of fit
+    if whole and num_valid is not None:
+        fit_valid = num_valid - num_valid % trainer.replicas
+        valid_records = valid_records.take(fit_valid)
+    valid_ds = None if fit_valid == 0 else make_batches(
+        valid_records, batch_size=global_batch, object_limit=limit,
+        drop_remainder=whole and fit_valid is None, **sizes)
+    if valid_ds is not None and fit_valid is not None:  # Keras then needs no "ran out of data"
         valid_ds = valid_ds.apply(tf.data.experimental.assert_cardinality(
-            math.ceil(num_valid / global_batch)))
+            math.ceil(fit_valid / global_batch)))
     log(f"data: {data}, {source.num_classes} classes, {num_train} training images, "
         f"{num_valid} validation images")
+    if fit_valid != num_valid:
+        log(f"validation during fit: {fit_valid} of the {num_valid} images (a multiple of the "
+            f"{trainer.replicas} replicas); the evaluation scores all of them")
 
     if trainer.replicas > 1:
         train_ds, valid_ds = _float_masks(train_ds), _float_masks(valid_ds)
@@ -214,7 +234,7 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
 
     return trainer.train(
         model, train_ds, valid_ds, default_epochs=config.epochs,
-        steps_per_epoch=math.ceil(num_train / global_batch) if num_train else None,
+        steps_per_epoch=train_steps,
         export=export, evaluate=evaluate,
         # The schedule first: it puts `learning_rate` into the logs the other callbacks record.
         first_callbacks=[schedule, limit.callback()], callbacks=callbacks,

@@ -2,7 +2,7 @@
 
 `make_batches` yields `({"source": (B, S) int32, "target_in": (B, T) int32}, target_out (B, T)
 int32)` with source = tokens + eos, target_in = bos + tokens, target_out = tokens + eos, padded
-with the pad id 0.
+with the pad id 0. For a `tf.distribute` strategy, `B` is a multiple of the replicas.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def make_batches(
     *,
     shuffle_buffer: int = 20_000,
     pad_to_bucket_boundary: bool = False,
+    num_replicas: int = 1,
 ) -> tuple[tf.data.Dataset, BatchStats]:
     """Tokenizes, filters by length and batches `(source, target)` strings by token budget.
 
@@ -76,17 +77,26 @@ def make_batches(
         shuffle_buffer: Size of the shuffle buffer.
         pad_to_bucket_boundary: Pad to the bucket's width instead of the batch's longest
             example, so there are few distinct shapes (fewer XLA recompilations).
+        num_replicas: The replicas of the `tf.distribute` strategy the batches are for. Every
+            batch gets all-pad rows up to a multiple of this many rows, so that it splits
+            into equal per-replica batches (Keras needs that of the first batch, and a
+            distributed step then weighs every replica alike); the masked loss and accuracy
+            ignore those rows. Apart from them the batches, and their number, are those of
+            a single device (`batch_tokens` is the budget of the global batch, which may
+            exceed it by those `num_replicas - 1` rows at most).
 
     Returns:
         `(batches, stats)`: batches are `({"source": (B, S) int32, "target_in": (B, T) int32},
         target_out (B, T) int32)`, padded with 0; `stats` counts kept and dropped examples.
 
     Raises:
-        ValueError: If `batch_tokens`, `max_length` or `shuffle_buffer` is invalid.
+        ValueError: If `batch_tokens`, `max_length`, `shuffle_buffer` or `num_replicas` is
+            invalid.
     """
     _check_positive_int("batch_tokens", batch_tokens)
     _check_positive_int("max_length", max_length, minimum=2)
     _check_positive_int("shuffle_buffer", shuffle_buffer)
+    _check_positive_int("num_replicas", num_replicas)
     stats = BatchStats()
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     pad = tf.constant(tokenizer.pad_id, tf.int32)
@@ -134,5 +144,14 @@ def make_batches(
         padding_values=(pad, pad, pad),
         pad_to_bucket_boundary=pad_to_bucket_boundary,
     )
+    if num_replicas > 1:
+        ds = ds.map(lambda *ids: _pad_rows(ids, num_replicas, pad))
     ds = ds.map(lambda s, t_in, t_out: ({"source": s, "target_in": t_in}, t_out))
     return ds.prefetch(tf.data.AUTOTUNE), stats
+
+
+def _pad_rows(batches, multiple: int, pad):
+    """Appends all-``pad`` rows to each ``(B, L)`` tensor, up to a multiple of ``multiple``."""
+    rows = tf.shape(batches[0])[0]
+    extra = (-rows) % multiple
+    return tuple(tf.pad(x, [[0, extra], [0, 0]], constant_values=pad) for x in batches)

@@ -169,3 +169,167 @@ def test_an_explicit_max_length_applies_to_every_sentence():
     model = _never_eos(30)
     ids = np.asarray(decoding.greedy_search(model, SOURCE, max_length=7))
     assert ids.shape == (3, 7) and np.all(ids[:, 6] == EOS) and np.all(ids[:, :6] > EOS)
+
+
+def _rescore(model, source, ids, length_penalty, extra_length):
+    """The score of the hypothesis ``ids`` (through eos) of ``source``, computed by teacher
+    forcing: the log-probability of every token among those allowed at its step, over the
+    GNMT length penalty."""
+    ids = list(ids)
+    seq = ids[: ids.index(EOS) + 1]
+    limit = int(np.sum(source != 0)) + extra_length
+    memory, mask = model.encode(source[None])
+    target_in = np.array([[BOS_ID] + seq[:-1]], "int32")
+    logits = np.asarray(model.decode(target_in, memory, mask))[0]  # (n, V)
+    logp = 0.0
+    for t, token in enumerate(seq):
+        masked = logits[t].astype("float64").copy()
+        masked[[0, 1, BOS_ID]] = -np.inf  # pad, unk, bos
+        if t == limit - 1:
+            masked[np.arange(len(masked)) != EOS] = -np.inf
+        logp += _log_softmax(masked)[token]
+    return logp / ((5 + len(seq)) / 6) ** length_penalty
+
+
+def _hypotheses(row):
+    """The token lists (through eos) of one sentence's n-best ids ``(K, N)``."""
+    return [tuple(ids[: list(ids).index(EOS) + 1]) for ids in row]
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_nbest_lists_are_sorted_distinct_rescorable_and_start_with_the_best(length_penalty):
+    model, extra = _model(30, seed=4), 5
+    kwargs = dict(beam_size=3, length_penalty=length_penalty, extra_length=extra)
+    best, best_score = decoding.beam_search(model, SOURCE, return_scores=True, **kwargs)
+    ids, scores = decoding.beam_search(model, SOURCE, nbest=True, **kwargs)
+    ids, scores = np.asarray(ids), np.asarray(scores)
+    assert ids.shape == (3, 3, SOURCE.shape[1] + extra) and scores.shape == (3, 3)
+    assert scores.dtype == np.float32
+    np.testing.assert_array_equal(ids[:, 0], best)
+    np.testing.assert_allclose(scores[:, 0], best_score, rtol=1e-6)
+    assert np.all(np.diff(scores, axis=1) <= 0)  # best first
+    for source, row, row_scores in zip(SOURCE, ids, scores):
+        hypotheses = _hypotheses(row)
+        assert len(set(hypotheses)) == 3  # K different translations
+        for hypothesis, score in zip(hypotheses, row_scores):
+            want = _rescore(model, source, hypothesis, length_penalty, extra)
+            np.testing.assert_allclose(score, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 0.6])
+def test_nbest_with_a_beam_as_wide_as_the_vocabulary_is_the_brute_force_top_k(length_penalty):
+    # Every sequence of the two words up to 3 tokens: 1 + 2 + 4 = 7 hypotheses; the 6 best.
+    vocab, max_length = 6, 3
+    model = _model(vocab, seed=3, sharpen=2.0)
+    sources = np.array([[4, 5, 3], [5, 3, 0]], "int32")
+    ids, scores = decoding.beam_search(model, sources, beam_size=vocab, nbest=True,
+                                       length_penalty=length_penalty, max_length=max_length)
+    ids, scores = np.asarray(ids), np.asarray(scores)
+    for row, row_scores, source in zip(ids, scores, sources):
+        memory, mask = model.encode(source[None])
+        every = []
+        for n in range(1, max_length + 1):
+            for body in itertools.product([4, 5], repeat=n - 1):
+                seq = list(body) + [EOS]
+                target_in = np.array([[BOS_ID] + seq[:-1]], "int32")
+                logits = np.asarray(model.decode(target_in, memory, mask))[0]
+                logp = 0.0
+                for t, token in enumerate(seq):
+                    allowed = [EOS] if t == max_length - 1 else [EOS, 4, 5]
+                    masked = np.full(vocab, -np.inf)
+                    masked[allowed] = logits[t, allowed]
+                    logp += _log_softmax(masked)[token]
+                every.append((logp / ((5 + n) / 6) ** length_penalty, tuple(seq)))
+        every.sort(reverse=True)
+        assert _hypotheses(row) == [seq for _, seq in every[:vocab]]
+        np.testing.assert_allclose(row_scores, [s for s, _ in every[:vocab]], rtol=1e-4)
+
+
+def test_an_nbest_list_is_the_same_alone_and_in_a_batch():
+    # The search runs on until no live hypothesis can enter any sentence's list, so a
+    # sentence's list does not depend on how long the rest of its batch decodes.
+    model = _model(30, seed=5)
+    ids, scores = decoding.beam_search(model, SOURCE, beam_size=3, nbest=True, extra_length=6)
+    for row in range(len(SOURCE)):
+        alone = SOURCE[row: row + 1, : int(np.sum(SOURCE[row] != 0))]
+        one_ids, one_scores = decoding.beam_search(model, alone, beam_size=3, nbest=True,
+                                                   extra_length=6)
+        assert _hypotheses(np.asarray(one_ids)[0]) == _hypotheses(np.asarray(ids)[row])
+        np.testing.assert_allclose(np.asarray(one_scores)[0], np.asarray(scores)[row],
+                                   rtol=1e-5)
+
+
+def test_greedy_scores_and_the_nbest_list_of_a_beam_of_one():
+    model, extra = _model(30, seed=6), 5
+    ids, scores = decoding.greedy_search(model, SOURCE, extra_length=extra, return_scores=True,
+                                         length_penalty=0.6)
+    np.testing.assert_array_equal(ids, decoding.greedy_search(model, SOURCE, extra_length=extra))
+    for source, row, score in zip(SOURCE, np.asarray(ids), np.asarray(scores)):
+        np.testing.assert_allclose(score, _rescore(model, source, row, 0.6, extra), rtol=1e-4)
+    settings = DecodingSettings(beam_size=1, length_penalty=0.6, extra_length=extra)
+    nbest_ids, nbest_scores = decoding.search(model, SOURCE, settings, nbest=True)
+    np.testing.assert_array_equal(np.asarray(nbest_ids)[:, 0], ids)
+    np.testing.assert_allclose(np.asarray(nbest_scores)[:, 0], scores)
+    wide = DecodingSettings(beam_size=3, length_penalty=0.6, extra_length=extra)
+    assert np.asarray(decoding.search(model, SOURCE, wide, nbest=True)[0]).shape == (3, 3, 11)
+
+
+@pytest.mark.parametrize("nbest", [False, True])
+def test_cached_beam_search_equals_uncached_past_the_first_cache_width(nbest):
+    # The never-ending model decodes every sentence to its limit (length + 20), beyond the
+    # cache's first width (S + S // 4 + 8), so the padded cache is used too.
+    model, extra = _never_eos(30, seed=1), 20
+    source = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]], "int32")
+    assert decoding.FIRST_WIDTH_EXTRA + 5 + 5 // 4 < 5 + extra
+    kwargs = dict(beam_size=3, length_penalty=0.6, extra_length=extra, nbest=nbest,
+                  return_scores=True)
+    cached = decoding.compile_search(model, "beam", **kwargs)(source)
+    uncached = decoding.compile_search(model, "beam_uncached", **kwargs)(source)
+    np.testing.assert_array_equal(np.asarray(cached[0]), np.asarray(uncached[0]))
+    np.testing.assert_allclose(np.asarray(cached[1]), np.asarray(uncached[1]), rtol=1e-5)
+    ids = np.asarray(cached[0])
+    ends = [list(r).index(EOS) for r in (ids[:, 0] if nbest else ids)]
+    assert ends == [3 + extra, 4 + extra]  # ran to each sentence's limit
+
+
+def test_cached_greedy_equals_uncached_past_the_first_cache_width():
+    model, extra = _never_eos(30, seed=2), 20
+    source = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]], "int32")
+    cached = np.asarray(decoding.compile_search(model, "greedy", extra_length=extra)(source))
+    uncached = np.asarray(decoding.compile_search(model, "greedy_uncached",
+                                                  extra_length=extra)(source))
+    np.testing.assert_array_equal(cached, uncached)
+    assert [list(r).index(EOS) for r in cached] == [3 + extra, 4 + extra]
+
+
+def test_cached_search_compiles_with_xla():
+    # Static shapes: both cache widths and the padding between them are known to XLA. (Greedy
+    # search: it shares the cache handling with beam search and compiles in half the time.)
+    model = _never_eos(30, seed=3)
+    source = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]], "int32")
+    kwargs = dict(extra_length=12, return_scores=True)
+    plain = decoding.compile_search(model, "greedy", **kwargs)(source)
+    xla = decoding.compile_search(model, "greedy", jit_compile=True, **kwargs)(source)
+    np.testing.assert_array_equal(np.asarray(xla[0]), np.asarray(plain[0]))
+    np.testing.assert_allclose(np.asarray(xla[1]), np.asarray(plain[1]), rtol=1e-4)
+    assert [list(r).index(EOS) for r in np.asarray(xla[0])] == [15, 16]  # past the first width
+
+
+def test_nbest_lists_hold_k_finished_hypotheses_even_when_the_best_is_found_at_once():
+    # eos is the likeliest first token: the best hypothesis is decided after one step, but the
+    # list's others are not yet; the search goes on until they are.
+    model, extra = _never_eos(30, seed=8), 5
+    bias = np.zeros(30, "float32")
+    bias[EOS] = 5.0
+    model.output_projection.bias.assign(bias)
+    ids, scores = decoding.beam_search(model, SOURCE, beam_size=3, nbest=True,
+                                       extra_length=extra)
+    ids, scores = np.asarray(ids), np.asarray(scores)
+    assert np.all(ids[:, 0, 0] == EOS)  # the best: eos alone
+    for source, row, row_scores in zip(SOURCE, ids, scores):
+        assert all(EOS in list(hypothesis) for hypothesis in row)  # all finished
+        hypotheses = _hypotheses(row)
+        assert len(set(hypotheses)) == 3 and all(len(h) > 1 for h in hypotheses[1:])
+        for hypothesis, score in zip(hypotheses, row_scores):
+            np.testing.assert_allclose(score, _rescore(model, source, hypothesis, 0.6, extra),
+                                       rtol=1e-4, atol=1e-4)

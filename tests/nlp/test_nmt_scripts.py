@@ -120,3 +120,103 @@ def test_evaluate_data_errors_name_the_file(evaluate_py, tmp_path, capsys, conte
         data.write_bytes(content)
     line, _ = _error(capsys, run_cli(evaluate_py.main, ["--model", model, "--data", f"tsv:{data}"]))
     assert str(data) in line and reason in line
+
+
+@pytest.fixture(scope="module")
+def stand_in(tmp_path_factory):
+    """Stand-in exports (no model): ``nbest`` translates to upper case and lists 3 hypotheses,
+    the upper-cased text first; ``old`` has no n-best signature, as exports before it."""
+    import json
+
+    import tensorflow as tf
+
+    spec = tf.TensorSpec([None], tf.string, name="text")
+    upper = tf.function(lambda text: {"translation": tf.strings.upper(text)},
+                        input_signature=[spec])
+
+    def nbest(text):
+        hypotheses = tf.stack([tf.strings.upper(text), text, tf.strings.join([text, "?"])], 1)
+        length = tf.cast(tf.strings.length(text), tf.float32)[:, None]
+        return {"hypotheses": hypotheses, "scores": -tf.constant([[0.5, 1.25, 2.0]]) - length / 100}
+
+    root = tmp_path_factory.mktemp("stand_in")
+    for name, signatures in (("nbest", {"serving_default": upper, "greedy": upper,
+                                        "translate_nbest": tf.function(
+                                            nbest, input_signature=[spec])}),
+                             ("old", {"serving_default": upper, "greedy": upper})):
+        tf.saved_model.save(tf.Module(), str(root / name), signatures=signatures)
+        listed = {"serving_default": {"beam_size": 3}, "greedy": {"beam_size": 1}}
+        if name == "nbest":
+            listed["translate_nbest"] = {"beam_size": 3,
+                                         "output_keys": ["hypotheses", "scores"]}
+        (root / name / "translator.json").write_text(json.dumps({
+            "format_version": 2 if name == "nbest" else 1, "beam_size": 3,
+            "signatures": listed, "input_key": "text", "output_key": "translation"}))
+    return root
+
+
+def test_nbest_prints_k_numbered_lines_per_sentence_in_input_order(translate_py, stand_in,
+                                                                   capsys):
+    texts = ["a longer sentence", "ab", "", "medium one"]
+    # Batches of 2 in length order: the lists come back in input order all the same.
+    code = run_cli(translate_py.main, ["--model", str(stand_in / "nbest"), "--nbest", "2",
+                                       "--batch-size", "2", *texts])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 2 * len(texts)
+    want = []
+    for number, text in enumerate(texts, start=1):
+        want.append(f"{number}\t{-0.5 - len(text) / 100:.4f}\t{text.upper()}")
+        want.append(f"{number}\t{-1.25 - len(text) / 100:.4f}\t{text}")
+    assert lines == want
+    assert lines[2] == "2\t-0.5200\tAB"
+    assert run_cli(translate_py.main, ["--model", str(stand_in / "nbest"), *texts]) == 0
+    # The first of each list is the translation printed without --nbest.
+    assert capsys.readouterr().out.splitlines() == [line.split("\t")[2] for line in lines[::2]]
+
+
+def test_nbest_reads_stdin_and_prints_the_whole_beam(translate_py, stand_in, capsys,
+                                                     monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"eins\nzwei\n")))
+    assert run_cli(translate_py.main, ["--model", str(stand_in / "nbest"), "--nbest", "3"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "1\t-0.5400\tEINS", "1\t-1.2900\teins", "1\t-2.0400\teins?",
+        "2\t-0.5400\tZWEI", "2\t-1.2900\tzwei", "2\t-2.0400\tzwei?"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--nbest", "4"], "error: --nbest 4: this export keeps 3 hypotheses per sentence (its "
+                       "beam size); give --nbest 1 to 3"),
+    (["--nbest", "2", "--beam-size", "1"],
+     "error: --nbest 2: n-best lists come from the export's beam search (beam size 3); leave "
+     "out --beam-size 1"),
+])
+def test_nbest_the_export_cannot_give(translate_py, stand_in, capsys, monkeypatch, extra,
+                                      message):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"\xff not read\n")))
+    line, out = _error(capsys, run_cli(translate_py.main,
+                                       ["--model", str(stand_in / "nbest"), *extra]))
+    assert line == message and out == ""  # and stdin was not read: its bad line is no error
+
+
+def test_nbest_of_an_export_from_before_nbest(translate_py, stand_in, capsys):
+    model = str(stand_in / "old")
+    line, out = _error(capsys, run_cli(translate_py.main, ["--model", model, "--nbest", "1",
+                                                           "hi"]))
+    assert line == (f"error: --nbest 1: --model {model} has no 'translate_nbest' signature (it "
+                    "was exported before n-best lists existed); export the model again "
+                    "(nlp.export.export_translator)")
+    assert out == ""
+    assert run_cli(translate_py.main, ["--model", model, "hi"]) == 0  # it still translates
+    assert capsys.readouterr().out == "HI\n"
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "x"])
+def test_nbest_must_be_a_positive_integer(translate_py, capsys, value):
+    with pytest.raises(SystemExit) as info:  # argparse: usage, then the error line
+        run_cli(translate_py.main, ["--model", "m", "--nbest", value, "hi"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert f"argument --nbest: {'expected a int' if value == 'x' else 'must be > 0'}, " \
+           f"got '{value}'" in err

@@ -1,4 +1,5 @@
-"""The Translator SavedModel (`nlp.export`): translator.json, loading, old exports, atomicity."""
+"""The Translator SavedModel (`nlp.export`): translator.json, loading, n-best lists, old exports,
+atomicity."""
 
 import json
 import os
@@ -13,6 +14,7 @@ from nlp import export
 from nlp.config import DECODING_FIELDS
 from nlp.data.embedded import generate_pairs
 from nlp.decoding import DecodingSettings, search
+from nlp.evaluate import nbest_all, translate_all
 from nlp.model import Seq2SeqTransformer
 from nlp.tokenizer import EOS_ID, Tokenizer, train_tokenizer
 
@@ -35,6 +37,13 @@ def exported(tmp_path_factory):
     (tmp / "export" / "stale.txt").write_text("from an earlier run")
     export.export_translator(model, tokenizer, tmp / "export", DECODING, jit_compile=False)
     return model, tokenizer, tmp / "export"
+
+
+@pytest.fixture(scope="module")
+def loaded(exported):
+    """The export, loaded for beam search and for greedy search (loading takes seconds)."""
+    path = exported[2]
+    return export.load_translator(path), export.load_translator(path, beam_size=1)
 
 
 def _reference(model, tokenizer, texts, decoding):
@@ -67,22 +76,102 @@ def test_translator_json_records_decoding_and_signatures(exported):
     info = json.loads((path / export.INFO_FILE).read_text())
     assert info == export.read_info(path)
     assert DecodingSettings(**{k: info[k] for k in DECODING_FIELDS}) == DECODING
-    assert info["signatures"] == {export.SERVING: {"beam_size": 3}, export.GREEDY: {"beam_size": 1}}
+    assert info["signatures"] == {
+        export.SERVING: {"beam_size": 3}, export.GREEDY: {"beam_size": 1},
+        export.NBEST: {"beam_size": 3, "output_keys": ["hypotheses", "scores"]}}
     assert (info["input_key"], info["output_key"]) == (export.INPUT_KEY, export.OUTPUT_KEY)
     assert info["vocab_size"] == tokenizer.vocab_size
+    assert info["format_version"] == 2 and export.nbest_size(info) == 3
     loaded = tf.saved_model.load(str(path))
-    assert set(loaded.signatures) == {export.SERVING, export.GREEDY}
+    assert set(loaded.signatures) == {export.SERVING, export.GREEDY, export.NBEST}
 
 
-def test_loaded_translator_equals_in_process_decoding(exported):
-    model, tokenizer, path = exported
+def test_loaded_translator_equals_in_process_decoding(exported, loaded):
+    model, tokenizer, _ = exported
     beam = _reference(model, tokenizer, TEXTS, DECODING)
     greedy = _reference(model, tokenizer, TEXTS, DECODING.greedy())
     assert beam[0] and greedy[0]  # the untrained model still writes something
     in_process = export.make_translate_fn(model, tokenizer, DECODING, jit_compile=False)
     assert _texts(in_process) == beam
-    assert _texts(export.load_translator(path)) == beam
-    assert _texts(export.load_translator(path, beam_size=1)) == greedy
+    assert _texts(loaded[0]) == beam
+    assert _texts(loaded[1]) == greedy
+
+
+def _reference_nbest(model, tokenizer, texts, decoding):
+    """n-best lists computed without the export: Python tokenization, then `search`."""
+    sources = [tokenizer.encode(text) + [EOS_ID] for text in texts]
+    width = max(len(s) for s in sources)
+    batch = np.array([s + [0] * (width - len(s)) for s in sources], "int32")
+    ids, scores = search(model, batch, decoding, nbest=True)
+    return ([[tokenizer.decode(hypothesis.tolist()) for hypothesis in row]
+             for row in np.asarray(ids)], np.asarray(scores))
+
+
+def test_nbest_signature_lists_the_beam_best_first(exported, loaded):
+    model, tokenizer, _ = exported
+    translator, greedy = loaded
+    assert translator.nbest_size == 3 and translator.beam_size == 3
+    hypotheses, scores = translator.translate_nbest(tf.constant(TEXTS))
+    assert hypotheses.dtype == tf.string and scores.dtype == tf.float32
+    assert hypotheses.shape == (3, 3) and scores.shape == (3, 3)
+    hypotheses = [[h.decode("utf-8") for h in row] for row in hypotheses.numpy()]
+    scores = scores.numpy()
+    want, want_scores = _reference_nbest(model, tokenizer, TEXTS, DECODING)
+    assert hypotheses == want
+    np.testing.assert_allclose(scores, want_scores, rtol=1e-5)
+    assert all(len(set(row)) == 3 for row in hypotheses)  # K different translations
+    assert np.all(np.diff(scores, axis=1) <= 0) and np.all(scores < 0)
+    assert [row[0] for row in hypotheses] == _texts(translator)  # the first = the translation
+    # Loaded for greedy search, the translator still lists the export's beam.
+    assert greedy.beam_size == 1 and greedy.nbest_size == 3
+    np.testing.assert_allclose(greedy.translate_nbest(tf.constant(TEXTS))[1], scores)
+
+
+def test_sorted_batches_translate_as_one_sentence_at_a_time(loaded):
+    translator = loaded[0]
+    texts = [s for s, _ in generate_pairs(5, seed=3)] + TEXTS
+    one_by_one = [_texts_of(translator, [text])[0] for text in texts]
+    assert translate_all(translator, texts, batch_size=4, progress=False) == one_by_one
+    assert len(set(one_by_one)) > 1
+    lists = nbest_all(translator.translate_nbest, texts, nbest=2, batch_size=3, progress=False)
+    for text, got in zip(texts, lists):
+        hypotheses, scores = translator.translate_nbest(tf.constant([text]))
+        want = [(float(s), h.decode()) for s, h in zip(scores.numpy()[0], hypotheses.numpy()[0])]
+        assert [h for _, h in got] == [h for _, h in want[:2]]
+        np.testing.assert_allclose([s for s, _ in got], [s for s, _ in want[:2]], rtol=1e-5)
+    assert [row[0][1] for row in lists] == one_by_one
+
+
+def _texts_of(translate, texts):
+    return [t.decode("utf-8") for t in translate(tf.constant(texts)).numpy()]
+
+
+def test_an_export_without_nbest_translates_and_refuses_only_nbest(tmp_path):
+    # As exports were written before the n-best signature: serving_default and greedy only.
+    module = tf.Module()
+    upper = tf.function(lambda text: {"translation": tf.strings.upper(text)},
+                        input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    for listed in (False, True):  # translator.json without, or (wrongly) with, the signature
+        path = tmp_path / f"old{int(listed)}"
+        tf.saved_model.save(module, str(path), signatures={"serving_default": upper,
+                                                           "greedy": upper})
+        signatures = {export.SERVING: {"beam_size": 4}, export.GREEDY: {"beam_size": 1}}
+        if listed:
+            signatures[export.NBEST] = {"beam_size": 4}
+        (path / export.INFO_FILE).write_text(json.dumps({
+            "format_version": 1, "beam_size": 4, "signatures": signatures,
+            "input_key": "text", "output_key": "translation"}))
+        translator = export.load_translator(path)
+        assert _texts_of(translator, ["abc", ""]) == ["ABC", ""]
+        assert translator.nbest_size is None
+        with pytest.raises(ValueError) as info:
+            translator.translate_nbest(tf.constant(["abc"]))
+        assert str(info.value) == (f"{path} has no 'translate_nbest' signature: it was "
+                                   "exported before n-best lists existed (it translates as "
+                                   "before); export the model again "
+                                   "(nlp.export.export_translator) to get them")
+    assert export.nbest_size({"signatures": {export.SERVING: {}}}) is None
+    assert export.nbest_size({"signatures": {export.NBEST: {"beam_size": True}}}) is None
 
 
 def test_load_translator_errors(exported, tmp_path):
@@ -182,6 +271,8 @@ def test_export_from_before_translator_json_still_loads(exported, tmp_path):
     assert info["signatures"][export.GREEDY] == {"beam_size": 1}
     greedy = _reference(model, tokenizer, TEXTS, DECODING.greedy())
     assert _texts(export.load_translator(old, beam_size=1)) == greedy
+    with pytest.raises(ValueError, match="has no 'translate_nbest' signature"):
+        export.load_translator(old).translate_nbest(tf.constant(TEXTS))
     with pytest.raises(ValueError, match="beam_size=4: this export decodes with beam_size=3"):
         export.load_translator(old, beam_size=4)
     (old / "beam_size.txt").unlink()  # neither file: only the default signature or greedy
