@@ -37,19 +37,20 @@ class NMTConfig:
     norm_first: bool = False  # post-norm, as in the paper
     tie_embeddings: bool = True  # one matrix for source, target and output embeddings
     label_smoothing: float = 0.1
-    # "budget": linear warm-up over `warmup_share` of the run (its --max-steps, epochs or
-    # --time-budget), then linear decay to 0 at its end, peaking at the Noam schedule's peak
-    # (`peak_learning_rate`); "noam": the paper's schedule, `warmup_steps` then step^-0.5.
-    schedule: str = "budget"
+    # "noam": the paper's schedule, `warmup_steps` then step^-0.5 (measured best within an
+    # 8-minute budget on real text, benchmarks/README.md); "budget": linear warm-up over
+    # `warmup_share` of the run (its --max-steps, epochs or --time-budget), then linear decay
+    # to 0 at its end, peaking at the Noam schedule's peak (`peak_learning_rate`).
+    schedule: str = "noam"
     warmup_steps: int = 4000
     lr_scale: float = 1.0  # multiplies the Noam schedule (and so the budget schedule's peak)
-    # Of the run, for the budget schedule: 0.3 keeps the first steps as gentle as the tiny
-    # preset's Noam warm-up (10 % overtook it early and trained slower, benchmarks/README.md).
+    # Of the run, for the budget schedule (10 % trained slower from the start than 30 %).
     warmup_share: float = 0.3
     # Per-epoch validation: BLEU/chrF (greedy) of the first `valid_sentences` held-out pairs
-    # (0: none); stop after `patience` epochs without a better val_bleu (None: never) and
+    # (0: none, or 100 with `patience`: on a small corpus it costs ~15 % of the steps of a
+    # time budget); stop after `patience` epochs without a better val_bleu (None: never) and
     # export the best epoch; export the mean of the last `average_last` epochs (up to the best).
-    valid_sentences: int = 100
+    valid_sentences: int = 0
     patience: int | None = None
     average_last: int = 1
     batch_tokens: int = 4096  # source+target token budget per batch (padding included)

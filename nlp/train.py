@@ -259,13 +259,13 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
             f"{config.peak_learning_rate:.2e}, then linear decay to 0")
         if run.time_budget is not None:
             watch.append(BudgetProgress(schedule, run.time_budget, trainer.fit_seconds))
-    validating = config.valid_sentences > 0 and bool(valid_pairs)
+    sentences = config.valid_sentences or (100 if config.patience is not None else 0)
+    validating = sentences > 0 and bool(valid_pairs)
     if validating:
-        watch.append(ValidationScores(tokenizer, valid_pairs, limit=config.valid_sentences))
+        watch.append(ValidationScores(tokenizer, valid_pairs, limit=sentences))
     if config.patience is not None:
         if not validating:
-            raise ValueError("`patience` needs held-out pairs and `valid_sentences` > 0 (it "
-                             "stops on their val_bleu)")
+            raise ValueError("`patience` needs held-out pairs (it stops on their val_bleu)")
         watch.append(Patience(trainer.workdir, config.patience, log=log))
 
     def final_weights() -> None:

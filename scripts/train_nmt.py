@@ -32,9 +32,9 @@ CONFIG_FLAGS = {
     "beam_size": ("--beam", dict(type=positive(int), metavar="BEAM",
                                  help="beam width of the export")),
     "schedule": ("--schedule", dict(
-        choices=SCHEDULES, help="budget (default): warm-up over --warmup-share of the run's "
-                                "steps or --time-budget, then linear decay to 0; noam: the "
-                                "paper's")),
+        choices=SCHEDULES, help="noam (default): the paper's; budget: warm-up over "
+                                "--warmup-share of the run's steps or --time-budget, then "
+                                "linear decay to 0")),
     "warmup_share": ("--warmup-share", dict(type=float, metavar="SHARE",
                                             help="share of the run spent warming up")),
     "patience": ("--patience", dict(

@@ -110,7 +110,8 @@ def test_scripts_train_translate_evaluate(tmp_path):
     work = tmp_path / "work"
     train = _run(str(ROOT / "scripts/train_nmt.py"), "--data", f"tsv:{tsv}", "--workdir",
                  str(work), "--epochs", "2", "--vocab-size", "100", "--beam", "2",
-                 "--batch-tokens", "400", "--average-last", "2")
+                 "--batch-tokens", "400", "--average-last", "2",
+                 "--valid-sentences", "3")
     assert train.returncode == 0, train.stderr[-3000:]
     for name in ("tokenizer.model", "metrics.json", "export/saved_model.pb", "checkpoints",
                  "logs"):

@@ -51,12 +51,12 @@ def test_train_nmt_flags(monkeypatch):
         "--max-steps", "9", "--time-budget", "1.5", "--batch-tokens", "512",
         "--vocab-size", "300", "--max-length", "40", "--strategy", "mirrored",
         "--mixed-precision", "float16", "--seed", "4", "--valid-fraction", "0.2", "--beam", "2",
-        "--xla", "--schedule", "noam", "--warmup-share", "0.2", "--patience", "3",
+        "--xla", "--schedule", "budget", "--warmup-share", "0.2", "--patience", "3",
         "--average-last", "4", "--valid-sentences", "0"]) == 0
     (data, _, config, run), _ = calls[0]
     assert data == "tsv:p.tsv"
     assert config == nmt_config.preset("base", batch_tokens=512, vocab_size=300, max_length=40,
-                                       beam_size=2, schedule="noam", warmup_share=0.2,
+                                       beam_size=2, schedule="budget", warmup_share=0.2,
                                        patience=3, average_last=4, valid_sentences=0)
     assert config.decoding.beam_size == 2
     assert run == RunOptions(strategy="mirrored", mixed_precision="float16", epochs=2,
