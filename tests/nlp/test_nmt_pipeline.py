@@ -82,8 +82,9 @@ def _model_arrays(path) -> dict:
 
     arrays = {}
     with h5py.File(path, "r") as f:
-        f["layers"].visititems(lambda name, node: arrays.__setitem__(name, node[()]) if (
-            isinstance(node, h5py.Dataset)) else None)
+        for group in set(f) - {"optimizer"}:
+            f[group].visititems(lambda name, node, group=group: arrays.__setitem__(
+                f"{group}/{name}", node[()]) if isinstance(node, h5py.Dataset) else None)
     return arrays
 
 
@@ -98,8 +99,9 @@ def _assert_export_is_the_mean(export, checkpoints):
         return any(v.shape == value.shape and np.allclose(v, value, rtol=1e-5, atol=1e-6)
                    for v in table.values())
 
-    trainable = [v for v in exported if v.size > 1]
-    assert len(trainable) > 10 and all(matches(v, mean) for v in trainable)
+    trainable = [v for v in exported if v.size > 2 and v.dtype == np.float32]  # no RNG states
+    unmatched = [v.shape for v in trainable if not matches(v, mean)]
+    assert len(trainable) > 10 and not unmatched, unmatched
     assert not all(matches(v, files[-1]) for v in trainable)
 
 
@@ -119,7 +121,8 @@ def test_scripts_train_translate_evaluate(tmp_path):
     metrics = json.loads((work / "metrics.json").read_text())
     assert metrics["valid"]["n"] == 3 and 0 <= metrics["valid"]["bleu"] <= 100
     # Validation BLEU/chrF every epoch; a progress line that counts the run's steps.
-    assert [sorted(e)[-2:] for e in metrics["history"]] == [["val_bleu", "val_chrf"]] * 2
+    assert all({"val_bleu", "val_chrf", "val_loss"} <= set(e) for e in metrics["history"])
+    assert [e["epoch"] for e in metrics["history"]] == [1, 2]
     steps = json.loads((work / "run.json").read_text())["steps"]
     assert f"epoch 2/2 · step {steps}/{steps} · " in train.stdout
     assert "Epoch 1/" not in train.stdout + train.stderr
