@@ -126,7 +126,9 @@ def test_nmt_with_every_pair_over_max_length_fails_before_training(tmp_path, tsv
                   "--max-steps", 2, "--vocab-size", 100)
     _one_error(result, "training pairs are longer than --max-length 2 tokens",
                "raise `--max-length`")
-    assert result.stdout.splitlines()[0].startswith("data: ")  # ours, the first line
+    # ours, the first lines: the precision `auto` chose, then the data
+    first, second = result.stdout.splitlines()[:2]
+    assert first.startswith("mixed precision: ") and second.startswith("data: ")
     assert sorted(os.listdir(work)) == ["checkpoints", "logs"]  # no tokenizer, no state
     assert not any((work / "checkpoints").iterdir())
 
