@@ -27,7 +27,7 @@ from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
 from nlp.tokenizer import Tokenizer, train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
-from tfx_transformer.callbacks import BudgetProgress
+from tfx_transformer.bounds import BudgetProgress
 from tfx_transformer.checkpoints import choose_weights
 from tfx_transformer.run import RunOptions
 from tfx_transformer.trainer import Trainer
@@ -147,7 +147,7 @@ def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_
 
 def make_schedule(config: NMTConfig, total_steps: int | None = None, timed: bool = False):
     """``config.schedule``: `BudgetSchedule` over ``total_steps`` and, when ``timed``, the
-    run's time budget (through `tfx_transformer.callbacks.BudgetProgress`); or
+    run's time budget (through `tfx_transformer.bounds.BudgetProgress`); or
     `NoamSchedule`, also for a budget schedule of a run whose length is not known (neither
     ``total_steps`` nor ``timed``)."""
     if config.schedule == "noam" or (total_steps is None and not timed):

@@ -1,7 +1,8 @@
 """The Keras callbacks every trainer passes to `fit`: resume, checkpoints, logs, stop rules.
 
-`standard_callbacks` assembles them; `TimeBudget` and `MaxSteps` stop a run cleanly (the
-trainer still exports and evaluates), `RunGuard` stops it with an error (a NaN loss, an epoch
+`standard_callbacks` assembles them, with the stop rules of `tfx_transformer.bounds`
+(`TimeBudget` and `MaxSteps` stop a run cleanly: the trainer still exports and evaluates).
+`RunGuard` stops it with an error (a NaN loss, an epoch
 without batches) before anything of that epoch is saved, `MetricsLogger` writes the history to
 ``metrics.json``.
 
@@ -19,7 +20,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import keras
 
+from tfx_transformer.bounds import MaxSteps, Progress, TimeBudget
 from tfx_transformer.distribute import is_chief, task_index
 from tfx_transformer.workdir import Workdir, read_metrics, to_json, write_metrics, write_state
 
-__all__ = ["Backup", "BudgetProgress", "FaultInjection", "MaxSteps", "MetricsLogger",
-           "NonFiniteLossError", "Progress", "RunGuard", "TimeBudget", "inject_fault",
-           "plan_epochs", "standard_callbacks"]
+__all__ = ["Backup", "FaultInjection", "MetricsLogger", "NonFiniteLossError", "RunGuard",
+           "inject_fault", "standard_callbacks"]
 
 FAULT_ENV = "TFX_TRANSFORMER_FAULT"
 
@@ -151,197 +151,6 @@ def inject_fault(phase: str) -> None:
     """Testing hook: SIGKILLs this process when ``TFX_TRANSFORMER_FAULT`` names ``phase``."""
     if _fault() == (phase, None):
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-class TimeBudget(keras.callbacks.Callback):
-    """Stops `fit` cleanly at the first batch end once ``minutes`` of training are spent.
-
-    The clock starts at ``on_train_begin``; ``offset_seconds`` is the training time that
-    earlier processes of the same run already spent (``run.json``'s ``fit_seconds``: a
-    resumed run gets what is left of the budget, not a new one). After a stop, ``stopped``
-    is True and ``reason`` says why; the caller still evaluates and exports.
-
-    Args:
-        minutes: the budget, > 0.
-        clock: seconds as a float; injectable for tests. Defaults to `time.monotonic`.
-        offset_seconds: training time already spent, >= 0.
-    """
-
-    def __init__(self, minutes: float, clock: Callable[[], float] = time.monotonic,
-                 offset_seconds: float = 0.0):
-        super().__init__()
-        if not minutes > 0:
-            raise ValueError(f"`time_budget` must be > 0 minutes. Received: {minutes!r}")
-        self.minutes, self.clock = float(minutes), clock
-        self.offset_seconds = max(0.0, float(offset_seconds))
-        self.stopped, self.reason, self.start = False, None, None
-
-    def elapsed(self) -> float:
-        """Seconds of training spent, earlier processes included (0 before `fit`)."""
-        return self.offset_seconds + (0.0 if self.start is None else self.clock() - self.start)
-
-    def on_train_begin(self, logs=None):
-        self.start, self.stopped, self.reason = self.clock(), False, None
-
-    def on_train_batch_end(self, batch, logs=None):
-        elapsed = self.elapsed()
-        if elapsed >= 60.0 * self.minutes and not self.stopped:
-            self.model.stop_training = self.stopped = True
-            self.reason = f"time budget of {self.minutes:g} min spent ({elapsed:.1f} s)"
-
-
-class BudgetProgress(keras.callbacks.Callback):
-    """Sets a `tfx_transformer.schedules.BudgetSchedule`'s ``progress`` to the share of the
-    time budget spent, before every step (the schedule takes the step share itself).
-
-    Args:
-        schedule: the optimizer's `BudgetSchedule`.
-        minutes: the run's time budget.
-        offset_seconds: training time earlier processes of the run spent (as `TimeBudget`).
-        clock: seconds as a float; injectable for tests.
-    """
-
-    def __init__(self, schedule, minutes: float, offset_seconds: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic):
-        super().__init__()
-        self.schedule = schedule
-        self.budget = TimeBudget(minutes, clock=clock, offset_seconds=offset_seconds)
-
-    def on_train_begin(self, logs=None):
-        self.budget.start = self.budget.clock()
-        self.on_train_batch_begin(0)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        share = min(1.0, self.budget.elapsed() / (60.0 * self.budget.minutes))
-        self.schedule.progress.assign(share)
-
-
-def _clock_text(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
-
-
-class Progress(keras.callbacks.Callback):
-    """What `fit`'s progress bar should say: steps done of the run's bound, time left of its
-    budget, the losses and the learning rate; in place of Keras's per-epoch bar (give `fit`
-    ``verbose=0``), which counts epochs of ``LONG_RUN_EPOCHS`` in a bounded run.
-
-    One line per epoch end (``epoch 3 · step 340/1000 · 5:12 left of 8:00 · loss 3.2140 ·
-    val_loss 3.0021 · lr 1.2e-03``); on a terminal, the same line is also kept up to date in
-    place during the epoch. Only the chief prints.
-
-    Args:
-        total_steps: the run's step bound (None: unknown; bounded by time only).
-        time_budget: minutes (None: no budget).
-        offset_seconds: training time earlier processes of the run spent.
-        epochs: epochs of the run when they bound it (None: not shown as a bound).
-        stream: where lines go (default: standard output).
-        clock: seconds as a float; injectable for tests.
-        interval: seconds between in-place updates on a terminal.
-    """
-
-    def __init__(self, total_steps: int | None = None, time_budget: float | None = None,
-                 offset_seconds: float = 0.0, epochs: int | None = None, stream=None,
-                 clock: Callable[[], float] = time.monotonic, interval: float = 1.0):
-        super().__init__()
-        self.total_steps, self.time_budget, self.epochs = total_steps, time_budget, epochs
-        self.offset_seconds, self.stream, self.clock = float(offset_seconds), stream, clock
-        self.interval, self.write = interval, is_chief()
-
-    def _stream(self):
-        return self.stream if self.stream is not None else sys.stdout
-
-    def on_train_begin(self, logs=None):
-        self.start, self.last = self.clock(), -math.inf
-        optimizer = getattr(self.model, "optimizer", None)
-        self.step = int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer else 0
-        self.epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-
-    def line(self, logs=None) -> str:
-        """The progress line for the current state and ``logs``."""
-        parts = [f"epoch {self.epoch + 1}" + (f"/{self.epochs}" if self.epochs else "")]
-        parts.append(f"step {self.step}" + (f"/{self.total_steps}" if self.total_steps else ""))
-        if self.time_budget is not None:
-            elapsed = self.offset_seconds + self.clock() - self.start
-            parts.append(f"{_clock_text(60.0 * self.time_budget - elapsed)} left of "
-                         f"{_clock_text(60.0 * self.time_budget)}")
-        for key, value in (logs or {}).items():
-            if key == "learning_rate":
-                continue
-            try:
-                parts.append(f"{key} {float(value):.4f}")
-            except (TypeError, ValueError):
-                continue
-        optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None:
-            try:
-                rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-                parts.append(f"lr {rate:.2e}")
-            except Exception:  # a rate that cannot be read here is not worth a failure
-                pass
-        return " · ".join(parts)
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
-        stream = self._stream()
-        if not (self.write and getattr(stream, "isatty", lambda: False)()):
-            return
-        now = self.clock()
-        if now - self.last >= self.interval:
-            self.last = now
-            stream.write("\r\033[K" + self.line(logs))
-            stream.flush()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if not self.write:
-            return
-        stream = self._stream()
-        prefix = "\r\033[K" if getattr(stream, "isatty", lambda: False)() else ""
-        stream.write(prefix + self.line(logs) + "\n")
-        stream.flush()
-
-
-class MaxSteps(keras.callbacks.Callback):
-    """Stops `fit` once the optimizer has taken ``max_steps`` steps in total.
-
-    Steps count from ``model.optimizer.iterations`` at train begin, so a run resumed by
-    `BackupAndRestore` (which restores the optimizer) keeps counting where it stopped.
-    """
-
-    def __init__(self, max_steps: int):
-        super().__init__()
-        if not (isinstance(max_steps, int) and max_steps > 0):
-            raise ValueError(f"`max_steps` must be a positive int. Received: {max_steps!r}")
-        self.max_steps, self.steps, self.stopped, self.reason = max_steps, 0, False, None
-
-    def on_train_begin(self, logs=None):
-        optimizer = getattr(self.model, "optimizer", None)
-        self.steps = int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer else 0
-        self.stopped, self.reason = False, None
-        self._epoch_start = self.steps
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self.steps
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.steps = self._epoch_start + batch + 1  # `batch` is the epoch's last step index.
-        if self.steps >= self.max_steps and not self.stopped:
-            self.model.stop_training = self.stopped = True
-            self.reason = f"max_steps={self.max_steps} reached"
-
-
-def plan_epochs(epochs: int, max_steps: int | None, steps_per_epoch: int | None) -> int:
-    """Epochs to pass to `fit`: no more than ``max_steps`` needs when the epoch length is known.
-
-    Use with `MaxSteps` (in `standard_callbacks`), which stops at the exact step.
-    """
-    if max_steps is None or not steps_per_epoch or steps_per_epoch < 0:
-        return epochs
-    return max(1, min(epochs, math.ceil(max_steps / steps_per_epoch)))
 
 
 class MetricsLogger(keras.callbacks.Callback):

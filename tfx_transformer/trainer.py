@@ -34,7 +34,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfx_transformer.callbacks import Progress, inject_fault, plan_epochs, standard_callbacks
+from tfx_transformer.bounds import Progress, plan_epochs
+from tfx_transformer.callbacks import inject_fault, standard_callbacks
 from tfx_transformer.distribute import get_strategy, is_chief
 from tfx_transformer.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.run import LONG_RUN_EPOCHS, RunOptions

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from tfx_transformer import BudgetSchedule
-from tfx_transformer.callbacks import Backup, BudgetProgress
+from tfx_transformer.bounds import BudgetProgress
+from tfx_transformer.callbacks import Backup
 
 PEAK = 2e-3
 

@@ -7,13 +7,11 @@ import keras
 import numpy as np
 import pytest
 
+from tfx_transformer.bounds import MaxSteps, TimeBudget, plan_epochs
 from tfx_transformer.callbacks import (
-    MaxSteps,
     MetricsLogger,
     NonFiniteLossError,
-    TimeBudget,
     inject_fault,
-    plan_epochs,
     standard_callbacks,
 )
 from tfx_transformer.workdir import Workdir, read_metrics, write_metrics
@@ -237,7 +235,7 @@ def test_fault_hook_values(monkeypatch, tmp_path):
 def test_progress_line_says_steps_of_the_bound_and_time_left():
     import io
 
-    from tfx_transformer.callbacks import Progress
+    from tfx_transformer.bounds import Progress
 
     now, out = [0.0], io.StringIO()
     progress = Progress(total_steps=4, time_budget=2.0, offset_seconds=30.0, stream=out,
