@@ -3,13 +3,14 @@
 (lower is faster), the median of alternating repeats, and the loss of both policies on the same
 weights and batch (the mixed model gets the float32 model's weights).
 
-    python benchmarks/precision.py [--cases nmt-tiny,nmt-base,detr-tiny] [--repeats 5]
+    python benchmarks/precision.py [--cases nmt-tiny,nmt-base,detr-tiny,detr-r50] [--repeats 5]
                                    [--policies mixed_bfloat16,mixed_float16]
 
 NMT: ``Seq2SeqTransformer`` with the label-smoothed loss and Adam, vocabulary 8000, length
-40; tiny batch 64, base batch 16. DETR: the ``tiny`` preset's model, set loss and AdamW, batch
-16 of 128 px images with 4 objects each. No XLA. A bf16 matmul is fast only on CPUs with
-AMX / AVX512-BF16 (``lscpu`` flags ``amx_bf16``, ``avx512_bf16``) and on recent GPUs.
+40; tiny batch 64, base batch 16. DETR: the preset's model, set loss and AdamW, 4 objects per
+image: ``tiny`` batch 16 of 128 px, ``r50`` (ResNet-50 backbone) batch 2 of 256 px. No XLA.
+A bf16 matmul is fast only on CPUs with AMX / AVX512-BF16 (``lscpu`` flags ``amx_bf16``,
+``avx512_bf16``) and on recent GPUs.
 """
 
 from __future__ import annotations
@@ -59,12 +60,12 @@ def _nmt(preset_name: str, batch: int):
     return build, x, y
 
 
-def _detr(batch: int = 16, side: int = 128, objects: int = 4):
+def _detr(preset_name: str = "tiny", batch: int = 16, side: int = 128, objects: int = 4):
     from vision.config import preset
     from vision.model import build_criterion, build_model
     from vision.optimizer import build_optimizer
 
-    config = preset("tiny", batch_size=batch, image_size=side, max_image_size=side)
+    config = preset(preset_name, batch_size=batch, image_size=side, max_image_size=side)
     rng = np.random.default_rng(0)
     q = config.num_queries
     boxes = np.zeros((batch, q, 4), "float32")
@@ -90,6 +91,7 @@ CASES = {
     "nmt-tiny": lambda: _nmt("tiny", 64),
     "nmt-base": lambda: _nmt("base", 16),
     "detr-tiny": _detr,
+    "detr-r50": lambda: _detr("r50", batch=2, side=256),
 }
 
 
@@ -127,7 +129,7 @@ def measure(case: str, policy: str, repeats: int, iters: int = 2):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="nmt-tiny,nmt-base,detr-tiny")
+    parser.add_argument("--cases", default="nmt-tiny,nmt-base,detr-tiny,detr-r50")
     parser.add_argument("--policies", default="mixed_bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)

@@ -49,10 +49,11 @@ class NMTConfig:
     # Per-epoch validation: BLEU/chrF (greedy) of the first `valid_sentences` held-out pairs
     # (0: none, or 100 with `patience`: on a small corpus it costs ~15 % of the steps of a
     # time budget); stop after `patience` epochs without a better val_bleu (None: never) and
-    # export the best epoch; export the mean of the last `average_last` epochs (up to the best).
+    # export the best epoch; export the mean of the last `average_last` epochs (up to the best;
+    # None: a quarter of them, at most 10, `tfx_transformer.checkpoints.average_count`).
     valid_sentences: int = 0
     patience: int | None = None
-    average_last: int = 1
+    average_last: int | None = None
     batch_tokens: int = 4096  # source+target token budget per batch (padding included)
     # beam 4, GNMT length penalty 0.6, at most source length + 50 tokens
     decoding: DecodingSettings = dataclasses.field(default_factory=DecodingSettings)
@@ -75,7 +76,8 @@ class NMTConfig:
                              f"schedule={self.schedule!r}")
         check_number(owner, "warmup_share", self.warmup_share, 0.0, 1.0)
         check_int(owner, "valid_sentences", self.valid_sentences, 0)
-        check_int(owner, "average_last", self.average_last, 1)
+        if self.average_last is not None:
+            check_int(owner, "average_last", self.average_last, 1)
         if self.patience is not None:
             check_int(owner, "patience", self.patience, 1)
         check_bool(owner, "norm_first", self.norm_first)

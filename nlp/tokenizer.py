@@ -12,9 +12,9 @@ export read them from a `Tokenizer`.
 The vocabulary is trained for copying: names, numbers and placeholders of software messages
 ("Datei %(name)s gelöscht", "{count} Einträge…") pass through unchanged. Text is not
 normalized (no NFKC: "…", non-breaking spaces and full-width forms stay as they are), digits
-are pieces of their own, and, in a vocabulary with room for them, characters never seen in
-training fall back to UTF-8 byte pieces instead of unk and the placeholders found in the
-training text are whole pieces (see `train_tokenizer` and `mine_placeholders`).
+are pieces of their own, the placeholders found in the training text are whole pieces, and,
+in a vocabulary with room for them, characters never seen in training fall back to UTF-8
+byte pieces instead of unk (see `train_tokenizer` and `mine_placeholders`).
 
 Example:
 
@@ -61,6 +61,7 @@ PLACEHOLDER_PATTERN = re.compile(r"""
 _NUM_BYTE_PIECES = 256  # byte fallback: one piece per byte value, <0x00> ... <0xFF>
 _PLACEHOLDER_MIN_COUNT = 2
 _PLACEHOLDER_SHARE = 8  # placeholders take at most 1/8 of the ids left for learned pieces
+_BYTE_SHARE = 8  # the byte pieces take at most 1/8 of the ids left after the characters
 
 
 def mine_placeholders(
@@ -116,15 +117,16 @@ def train_tokenizer(
     - Digits are always pieces of their own (`split_digits=True`): "2021" is "2" "0" "2" "1".
     - Byte fallback (`byte_fallback=True`): a character that is not in the vocabulary is encoded
       as the pieces of its UTF-8 bytes and decoded back to itself, never to unk. The 256 byte
-      pieces are added only when they take at most half of the ids left after the special ids
-      and one id per distinct character, that is for `vocab_size >= 516 + C`, `C` the number
-      of distinct characters of the text other than the space; smaller vocabularies train
-      without them (and without placeholders) and keep unk for unseen characters.
+      pieces are added only when they take at most an eighth of the ids left after the special
+      ids and one id per distinct character, that is for `vocab_size >= 2053 + C`, `C` the
+      number of distinct characters of the text other than the space; smaller vocabularies
+      train without them and keep unk for unseen characters (in a vocabulary of 2,000 the
+      byte pieces made software messages 5 % longer and translated them worse).
     - Placeholders are whole pieces (SentencePiece's `user_defined_symbols`, which are never
       split and never merged with their neighbours): the `mine_placeholders` of the training
       sentences, the most frequent first, at most an eighth of the ids left after the special
-      ids, the characters and the byte pieces. Placeholders that are not mined still round-trip,
-      in several pieces.
+      ids, the characters and the byte pieces (if any). Placeholders that are not mined still
+      round-trip, in several pieces.
 
     Args:
         texts: Training sentences, source and target together (one shared vocabulary).
@@ -226,10 +228,9 @@ def _copy_options(sentences: list[str], vocab_size: int) -> tuple[bool, list[str
         characters.update(sentence)
     characters.discard(" ")
     free = vocab_size - len(SPECIAL_PIECES) - (len(characters) + 1)
-    if free < 2 * _NUM_BYTE_PIECES:
-        return False, []
-    limit = (free - _NUM_BYTE_PIECES) // _PLACEHOLDER_SHARE
-    return True, mine_placeholders(sentences, limit)
+    byte_fallback = free >= _BYTE_SHARE * _NUM_BYTE_PIECES
+    limit = (free - (_NUM_BYTE_PIECES if byte_fallback else 0)) // _PLACEHOLDER_SHARE
+    return byte_fallback, (mine_placeholders(sentences, limit) if limit > 0 else [])
 
 
 def _training_error(error: RuntimeError, vocab_size: int) -> ValueError:

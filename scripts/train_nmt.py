@@ -42,7 +42,8 @@ CONFIG_FLAGS = {
         help="stop after N epochs without a better validation BLEU; export the best epoch")),
     "average_last": ("--average-last", dict(
         type=positive(int), metavar="N",
-        help="export the mean of the weights of the last N epochs (up to the best one)")),
+        help="export the mean of the weights of the last N epochs (up to the best one); "
+             "default: a quarter of the epochs run, at most 10; 1: the last epoch alone")),
     "valid_sentences": ("--valid-sentences", dict(
         type=int, metavar="N", help="held-out pairs scored (greedy BLEU/chrF) every epoch; "
                                     "0: none")),

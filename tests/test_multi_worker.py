@@ -4,8 +4,9 @@ Each worker is its own process with its own ``TF_CONFIG`` and work directory; bo
 `nlp.train.train_nmt` and `vision.train.train_detr` for two steps. They must end with the
 same weights (their halves of each global batch differ, so only synchronized steps agree),
 the non-chief must get the chief's tokenizer, and only the chief writes (``export/``,
-``metrics.json``, ``tokenizer.model``). Each process is killed at a deadline, and a worker
-that fails stops the other one: the test fails with both logs and never hangs.
+``metrics.json``, ``tokenizer.model``). A rerun of the finished NMT run ends at once on
+both. Each process is killed at a deadline, and a worker that fails stops the other one: the
+test fails with both logs and never hangs.
 """
 
 import json
@@ -52,6 +53,9 @@ WORKER = textwrap.dedent("""
                        batch_size=2, image_size=32, max_image_size=32)
     train_detr("embedded", os.path.join(out, "detr"), detr, run,
                callbacks=[KeepWeights("detr")])
+    # A rerun of the finished run: every worker reads the chief's run.json and stops at once
+    # (alone, the other worker would wait in fit for a chief that never comes).
+    print("RERUN", train_nmt("embedded", os.path.join(out, "nmt"), nmt, run), flush=True)
     print("WORKER DONE", flush=True)
     sys.stderr.flush()
     os._exit(0)  # the collective runtime's teardown only costs time here
@@ -127,4 +131,6 @@ def test_two_workers_train_nmt_and_detr_in_sync_and_only_the_chief_writes(tmp_pa
     assert (chief / "nmt" / "tokenizer.model").is_file()
     assert not (other / "nmt" / "tokenizer.model").exists()
     assert "tokenizer: received from the chief worker" in other_log
+    assert "this run finished earlier" in chief_log and "this run finished earlier" in other_log
+    assert "RERUN {}" in other_log and "RERUN {'bleu'" in chief_log
     assert "2 replica(s)" in chief_log  # DETR's model line: the global batch is split in two

@@ -24,7 +24,14 @@ import numpy as np
 
 from tfx_transformer.workdir import Workdir, read_metrics
 
-__all__ = ["average_weights", "best_epoch", "choose_weights", "epoch_checkpoints"]
+__all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "average_count", "average_weights", "best_epoch",
+           "choose_weights", "epoch_checkpoints"]
+
+# `average_last=None`: average the last quarter of the epochs up to the exported one, at most
+# 10. On real text (benchmarks/nmt_real.py, 29 epochs of 50 steps) the mean of the last 5, 8
+# and 12 epochs scored BLEU 21.6, 21.9 and 20.8 against 14.5 for the last epoch alone.
+AVERAGE_SHARE = 0.25
+AVERAGE_MAX = 10
 
 _CHECKPOINT = re.compile(r"epoch-(\d+)\.weights\.h5$")
 
@@ -64,6 +71,12 @@ def average_weights(model: keras.Model, paths: Sequence[str | os.PathLike]) -> N
         weight.assign((value / len(paths)).astype(keras.backend.standardize_dtype(weight.dtype)))
 
 
+def average_count(epochs: int) -> int:
+    """How many epochs ``average_last=None`` averages when the exported epoch is ``epochs``:
+    `AVERAGE_SHARE` of them, rounded half up, at least 1 and at most `AVERAGE_MAX`."""
+    return max(1, min(AVERAGE_MAX, int(epochs * AVERAGE_SHARE + 0.5)))
+
+
 def best_epoch(history: Sequence[dict], monitor: str, mode: str = "max") -> int | None:
     """The 1-based epoch of ``history`` (``metrics.json["history"]``) with the best
     ``monitor``; the first of equals; None when no entry has it."""
@@ -79,21 +92,24 @@ def best_epoch(history: Sequence[dict], monitor: str, mode: str = "max") -> int 
 
 
 def choose_weights(model: keras.Model, workdir: Workdir | str | os.PathLike,
-                   average_last: int = 1, monitor: str | None = None,
+                   average_last: int | None = 1, monitor: str | None = None,
                    mode: str = "max") -> str:
     """Sets ``model``'s weights to what the run exports; returns a line saying which.
 
     The run's final epoch is the last one in ``metrics.json["history"]``; with ``monitor``
     (e.g. ``"val_bleu"``), the best epoch by it instead. The weights are the mean of the
-    checkpoints of the ``average_last`` epochs ending there (fewer when fewer exist). When
-    that is just the last epoch's checkpoint, the model keeps its weights (they are that
-    epoch's).
+    checkpoints of the ``average_last`` epochs ending there (fewer when fewer exist; None:
+    `average_count` of that epoch's number). When that is just the last epoch's checkpoint,
+    the model keeps its weights (they are that epoch's).
 
     Raises:
         ValueError: ``average_last`` < 1, or a checkpoint that does not fit ``model``.
     """
-    if not (isinstance(average_last, int) and average_last >= 1):
-        raise ValueError(f"`average_last` must be a positive integer. Received: {average_last!r}")
+    if average_last is not None and not (isinstance(average_last, int)
+                                         and not isinstance(average_last, bool)
+                                         and average_last >= 1):
+        raise ValueError("`average_last` must be a positive integer or None. Received: "
+                         f"{average_last!r}")
     history = read_metrics(workdir).get("history", [])
     checkpoints = epoch_checkpoints(workdir)
     last = max([e["epoch"] for e in history] or list(checkpoints) or [0])
@@ -104,6 +120,8 @@ def choose_weights(model: keras.Model, workdir: Workdir | str | os.PathLike,
             end = best
             value = next(e[monitor] for e in history if e["epoch"] == best)
             why = f" (best {monitor} {value:.4g} at epoch {best} of {last})"
+    if average_last is None:
+        average_last = average_count(end)
     epochs = [e for e in range(end - average_last + 1, end + 1) if e in checkpoints]
     if end == last and epochs in ([], [last]):
         return f"the weights of the last epoch ({last}){why}"

@@ -36,7 +36,7 @@ import tensorflow as tf
 
 from tfx_transformer.bounds import Progress, plan_epochs
 from tfx_transformer.callbacks import inject_fault, standard_callbacks
-from tfx_transformer.distribute import get_strategy, is_chief
+from tfx_transformer.distribute import broadcast_from_chief, get_strategy, is_chief
 from tfx_transformer.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.run import LONG_RUN_EPOCHS, RunOptions
 from tfx_transformer.workdir import (
@@ -174,7 +174,7 @@ class Trainer:
         Says so in one line. Call it before loading data: a finished run then costs nothing.
         Returns None when there is something to do (a new run, a resumed one, a longer one).
         """
-        state = read_state(self.workdir)
+        state = self._read_state()
         if state.get("phase") != "finished" or self._needs_training(
                 state, self._request(default_epochs)):
             return None
@@ -246,7 +246,7 @@ class Trainer:
         if steps_per_epoch == 0:
             raise ValueError("no training batches: the training data is empty")
         run, checks, workdir = self.run, list(checks), self.workdir
-        request, state = self._request(default_epochs), read_state(workdir)
+        request, state = self._request(default_epochs), self._read_state()
         if self._needs_training(state, request):
             self._record(phase="training", request=request,
                          **({"data": self._data} if getattr(self, "_data", None) else {}))
@@ -271,7 +271,7 @@ class Trainer:
             state = self._record(phase="trained", epochs=epochs_done,
                                 steps=_iterations(model),
                                 train_seconds=round(time.monotonic() - self.started, 1))
-        else:
+        elif is_chief():
             self._restore(model, state)
         if not is_chief():
             return {}
@@ -291,6 +291,16 @@ class Trainer:
         write_metrics(workdir, {**entries, "train_seconds": state.get("train_seconds")})
         self._record(phase="finished")
         return entries["valid"]
+
+    def _read_state(self) -> dict:
+        """``run.json``: the chief's on every worker (broadcast by the chief under
+        ``multi_worker``; the others have none), so that all of them take the same path. A
+        worker that went on alone would wait for its peers in `fit` for ever."""
+        if self.run.strategy != "multi_worker":
+            return read_state(self.workdir)
+        chief = is_chief()
+        state = json.dumps(read_state(self.workdir)).encode("utf-8") if chief else None
+        return json.loads(broadcast_from_chief(state, self.strategy).decode("utf-8"))
 
     def _record(self, **fields: Any) -> dict:
         """Merges ``fields`` into ``run.json`` (the chief's; other workers keep them in memory)."""

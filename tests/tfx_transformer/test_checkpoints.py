@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tfx_transformer.checkpoints import (
+    average_count,
     average_weights,
     best_epoch,
     choose_weights,
@@ -72,6 +73,20 @@ def test_choose_last_average_and_best(run):
     _close(model, saved[2])
     choose_weights(model, workdir, average_last=5, monitor="val_bleu")  # only epochs 1-2 exist
     _close(model, _mean(saved, (1, 2)))
+
+
+def test_default_average_is_a_quarter_of_the_epochs(run):
+    # A quarter of the epochs up to the exported one, rounded half up, 1 to 10.
+    assert [average_count(n) for n in (1, 2, 5, 6, 10, 29, 100)] == [1, 1, 1, 2, 3, 7, 10]
+    workdir, model, saved = run
+    write_metrics(workdir, {"history": [{"epoch": e} for e in range(1, 7)]})
+    for epoch in (5, 6):  # epochs 5 and 6 reuse the weights of 1 and 2
+        model.set_weights(saved[epoch - 4])
+        model.save_weights(str(workdir.checkpoints / f"epoch-{epoch:03d}.weights.h5"))
+    assert "epochs 5-6" in choose_weights(model, workdir, average_last=None)
+    _close(model, _mean(saved, (1, 2)))
+    with pytest.raises(ValueError, match="positive integer or None"):
+        choose_weights(model, workdir, average_last=0)
 
 
 def test_a_checkpoint_of_another_model_is_named(run):
