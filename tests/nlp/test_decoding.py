@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from nlp import decoding
+from nlp import decode_steps, decoding
 from nlp.decoding import DecodingSettings
 from nlp.model import Seq2SeqTransformer
 from nlp.tokenizer import BOS_ID, EOS_ID
@@ -280,7 +280,7 @@ def test_cached_beam_search_equals_uncached_past_the_first_cache_width(nbest):
     # cache's first width (S + S // 4 + 8), so the padded cache is used too.
     model, extra = _never_eos(30, seed=1), 20
     source = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]], "int32")
-    assert decoding.FIRST_WIDTH_EXTRA + 5 + 5 // 4 < 5 + extra
+    assert decode_steps.FIRST_WIDTH_EXTRA + 5 + 5 // 4 < 5 + extra
     kwargs = dict(beam_size=3, length_penalty=0.6, extra_length=extra, nbest=nbest,
                   return_scores=True)
     cached = decoding.compile_search(model, "beam", **kwargs)(source)

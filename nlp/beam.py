@@ -1,0 +1,176 @@
+"""Beam search with the KV cache (`beam_search`, also n-best lists) and without it
+(`beam_search_uncached`, the reference). The algorithm and conventions: `nlp.decoding`."""
+
+from __future__ import annotations
+
+import functools
+
+from keras import ops
+
+from nlp.decode_steps import (
+    NEG,
+    _cached_loop,
+    _caches,
+    _cross_caches,
+    _decode_step,
+    _penalty,
+    _prepare,
+    _restrict,
+    _start_tokens,
+)
+from nlp.tokenizer import EOS_ID
+
+__all__ = ["beam_search", "beam_search_uncached"]
+
+
+def _check_beam_size(beam_size) -> None:
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"`beam_size` must be an integer >= 1. Received: beam_size={beam_size!r}")
+
+
+def _ranked(alive_seq, alive_logp, fin_seq, fin_score, max_penalty):
+    """Every sentence's ``K`` hypotheses, best first: the finished ones by score, then live ones
+    (by ``log p / lp(limit)``, where the search ran out of steps); ``NEG`` scores a slot that
+    holds no hypothesis. Returns ids ``(B, K, N + 1)`` (with the leading bos) and scores."""
+    beam_size = ops.shape(fin_score)[1]
+    finished = ops.sum(ops.cast(fin_score > NEG / 2, "int32"), axis=1, keepdims=True)  # (B, 1)
+    slot = ops.arange(beam_size, dtype="int32")[None, :]  # (1, K)
+    index = ops.where(slot < finished, slot, beam_size + slot - finished)  # into [fin, alive]
+    alive_score = ops.where(alive_logp > NEG / 2, alive_logp / max_penalty[:, None], NEG)
+    seq = ops.take_along_axis(ops.concatenate([fin_seq, alive_seq], axis=1), index[..., None],
+                              axis=1)
+    score = ops.take_along_axis(ops.concatenate([fin_score, alive_score], axis=1), index, axis=1)
+    return seq, score
+
+
+def _beam(model, source, beam_size, length_penalty, max_length, extra_length, return_scores,
+          nbest, cached):
+    """Beam search (see `beam_search`); ``cached=False`` re-runs the decoder over each prefix."""
+    _check_beam_size(beam_size)
+    source, batch, max_length, limit, first_width, memory, memory_mask = _prepare(
+        model, source, max_length, extra_length
+    )
+    memory_mask = ops.repeat(memory_mask, beam_size, axis=0)  # (B·K, S)
+    if cached:
+        cross = tuple(ops.repeat(c, beam_size, axis=0)  # (B·K, 2, S, H, D) per layer
+                      for c in _cross_caches(model, memory))
+        cache = _caches(model, batch * beam_size, first_width)  # (B·K, 2, W, H, D) per layer
+    else:
+        memory = ops.repeat(memory, beam_size, axis=0)  # (B·K, S, d)
+        cache = ()
+    vocab = model.vocab_size
+    max_penalty = _penalty(limit, length_penalty)  # (B,): the bound of each sentence
+    beam_limit = ops.repeat(limit, beam_size, axis=0)  # (B·K,)
+    rows = ops.arange(batch, dtype="int32")[:, None] * beam_size  # (B, 1)
+    decided = beam_size - 1 if nbest else 0  # the finished hypothesis that must beat the bound
+
+    def pick(x, parent):  # x (B·K, ...); parent (B, K') beam index in [0, K)
+        return ops.take(x, ops.reshape(parent + rows, (-1,)), axis=0)
+
+    def cond(width, i, alive_seq, alive_logp, fin_seq, fin_score, *cache):
+        bound = alive_logp[:, 0] / max_penalty
+        done = fin_score[:, decided] >= bound
+        return ops.logical_and(i < width, ops.logical_not(ops.all(done)))
+
+    def step(i, alive_seq, cache):
+        """Logits ``(B·K, V)`` of the next token of every live hypothesis."""
+        if cached:
+            current = ops.slice(alive_seq, [0, 0, i], [batch, beam_size, 1])  # (B, K, 1)
+            current = ops.reshape(current, (-1, 1))  # (B·K, 1)
+            return _decode_step(model, current, i, cache, cross, memory_mask)
+        prefix = ops.slice(alive_seq, [0, 0, 0], [batch, beam_size, i + 1])  # (B, K, i + 1)
+        prefix = ops.reshape(prefix, (batch * beam_size, -1))
+        return model.decode(prefix, memory, memory_mask)[:, -1], ()
+
+    def body(i, alive_seq, alive_logp, fin_seq, fin_score, *cache):
+        n = max_length + 1
+        logits, cache = step(i, alive_seq, cache)
+        logp = ops.log_softmax(_restrict(logits, i, beam_limit), axis=-1)  # (B·K, V)
+        cand = alive_logp[..., None] + ops.reshape(logp, (batch, beam_size, vocab))  # (B, K, V)
+        flat = ops.reshape(cand, (batch, beam_size * vocab))
+
+        def extend(score_flat):
+            score, index = ops.top_k(score_flat, beam_size)  # (B, K)
+            parent, token = index // vocab, index % vocab
+            seq = pick(ops.reshape(alive_seq, (batch * beam_size, n)), parent)
+            seq = ops.reshape(seq, (batch, beam_size, n))
+            seq = ops.slice_update(seq, [0, 0, i + 1], token[..., None])
+            return score, parent, token, seq
+
+        # Finished: eos extensions among the top K of all extensions.
+        top, _, token, seq = extend(flat)
+        is_new = (token == EOS_ID) & (top > NEG / 2)
+        new_score = ops.where(is_new, top / _penalty(i + 1, length_penalty), NEG)
+        all_score = ops.concatenate([fin_score, new_score], axis=1)  # (B, 2K)
+        all_seq = ops.concatenate([fin_seq, seq], axis=1)  # (B, 2K, N + 1)
+        fin_score, keep = ops.top_k(all_score, beam_size)
+        fin_seq = ops.take_along_axis(all_seq, keep[..., None], axis=1)
+
+        # Live: the K best extensions that do not end in eos.
+        eos_column = ops.arange(beam_size * vocab) % vocab == EOS_ID
+        alive_logp, parent, _, alive_seq = extend(ops.where(eos_column, NEG, flat))
+        cache = tuple(pick(c, parent) for c in cache)
+        return i + 1, alive_seq, alive_logp, fin_seq, fin_score, *cache
+
+    first = ops.where(ops.arange(beam_size) == 0, 0.0, NEG)  # only beam 0 is live at the start
+    state = (
+        ops.convert_to_tensor(0, "int32"),
+        _start_tokens(batch, max_length, beam_size),
+        ops.tile(first[None, :], (batch, 1)),
+        _start_tokens(batch, max_length, beam_size),
+        ops.full((batch, beam_size), NEG, "float32"),
+        *cache,
+    )
+    if cached:
+        state = _cached_loop(cond, body, state, len(cache), first_width, max_length)
+    else:
+        state = ops.while_loop(functools.partial(cond, max_length), body, state)
+    seq, score = _ranked(*state[1:5], max_penalty)
+    seq = seq[..., 1:]
+    if nbest:
+        return seq, score
+    if return_scores:
+        return seq[:, 0], score[:, 0]
+    return seq[:, 0]
+
+
+def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
+                max_length=None, extra_length: int = 50, return_scores: bool = False,
+                nbest: bool = False):
+    """Beam search with the GNMT length penalty and the KV cache (see the module docstring).
+
+    Args:
+        model: a ``Seq2SeqTransformer``.
+        source: ``(B, S)`` int ids.
+        beam_size: ``K``.
+        length_penalty: length-penalty exponent (0 = plain log-probability).
+        max_length: most tokens to generate for every sentence; default: each sentence's
+            source length (non-pad ids) + ``extra_length``.
+        extra_length: see ``max_length``.
+        return_scores: also return the best hypotheses' scores ``(B,)``.
+        nbest: return all ``K`` hypotheses of every sentence and their scores. The search then
+            runs until no live hypothesis can beat a sentence's ``K``-th finished one, so the
+            list is final; its first entry is what ``nbest=False`` returns.
+
+    Returns:
+        ``(B, N)`` int32 ids (``N = max_length`` or ``S + extra_length``) of the best
+        hypothesis per sentence (and the scores ``(B,)`` with ``return_scores``). With
+        ``nbest``: ids ``(B, K, N)`` and float32 scores ``(B, K)``, best first: finished
+        hypotheses by score (``log p / lp(length)``), then, where fewer than ``K`` finished,
+        live ones scored ``log p / lp(limit)``; ``-1e9`` scores a slot with no hypothesis
+        (a vocabulary too small to fill the beam).
+    """
+    return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
+                 return_scores, nbest, cached=True)
+
+
+def beam_search_uncached(model, source, beam_size: int = 4, length_penalty: float = 0.6,
+                         max_length=None, extra_length: int = 50, return_scores: bool = False,
+                         nbest: bool = False):
+    """Beam search that re-runs the decoder over every hypothesis's whole prefix at each step.
+
+    The reference that cached beam search must equal, and a baseline of
+    ``benchmarks/nmt_decode.py``. Same arguments and result as ``beam_search``.
+    """
+    return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
+                 return_scores, nbest, cached=False)

@@ -1,0 +1,110 @@
+"""The pieces that greedy and beam search (`nlp.greedy`, `nlp.beam`) share: the length
+penalty, the token restrictions and limits, the start tokens, the per-layer attention caches,
+one cached decoder step and the two-stage cached loop. The conventions are those of
+`nlp.decoding`'s docstring; nothing here is public API.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from keras import ops
+
+from nlp.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+
+NEG = -1e9  # "minus infinity" that keeps arithmetic finite; also the score of no hypothesis
+FIRST_WIDTH_EXTRA = 8  # the cache starts min(N, S + S // 4 + FIRST_WIDTH_EXTRA) wide
+
+
+def _penalty(length, length_penalty: float):
+    """The GNMT length penalty ``((5 + length) / 6) ** length_penalty``."""
+    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, length_penalty)
+
+
+def _restrict(logits, step, limit):
+    """Forbids pad/bos/unk everywhere, and all but eos from a row's last step on.
+
+    ``logits`` ``(R, V)``; ``limit`` ``(R,)``: each row's most tokens, eos included.
+    """
+    vocab = ops.arange(ops.shape(logits)[-1])
+    banned = (vocab == PAD_ID) | (vocab == BOS_ID) | (vocab == UNK_ID)
+    last = ops.greater_equal(step, limit - 1)[:, None]  # (R, 1)
+    banned = banned | (last & (vocab != EOS_ID))
+    return ops.where(banned, NEG, ops.cast(logits, "float32"))
+
+
+def _minimum(a, b):
+    """``min(a, b)`` of two ints, either of which may be a scalar tensor."""
+    if isinstance(a, int) and isinstance(b, int):
+        return min(a, b)
+    return ops.minimum(a, b)
+
+
+def _prepare(model, source, max_length, extra_length):
+    """The source as int32, the batch size, the buffer length ``N``, each sentence's limit
+    ``(B,)`` (its own length + ``extra_length``, or ``max_length``), the first cache width
+    (see the module docstring) and the encoder output."""
+    source = ops.cast(source, "int32")
+    batch, width = ops.shape(source)[0], ops.shape(source)[1]
+    if max_length is None:
+        lengths = ops.sum(ops.cast(ops.not_equal(source, PAD_ID), "int32"), axis=1)
+        limit = lengths + extra_length
+        max_length = width + extra_length
+    else:
+        limit = ops.full((batch,), max_length, "int32")
+    first_width = _minimum(max_length, width + width // 4 + FIRST_WIDTH_EXTRA)
+    memory, memory_mask = model.encode(source)
+    return source, batch, max_length, limit, first_width, memory, memory_mask
+
+
+def _start_tokens(batch, max_length, beam_size=None):
+    """bos then zeros: ``(B, max_length + 1)``, or ``(B, K, max_length + 1)`` for a beam."""
+    if beam_size is None:
+        shape = (batch, max_length + 1)
+    else:
+        shape = (batch, beam_size, max_length + 1)
+    tokens = ops.zeros(shape, "int32")
+    bos = ops.full((*shape[:-1], 1), BOS_ID, "int32")
+    return ops.concatenate([bos, tokens[..., 1:]], axis=-1)
+
+
+def _caches(model, batch, width):
+    """Empty self-attention caches, one ``(R, 2, width, H, D)`` per decoder layer."""
+    return tuple(layer.empty_cache(batch, width) for layer in model.decoder.layers)
+
+
+def _cross_caches(model, memory):
+    """Cross-attention keys/values of ``memory``, one ``(R, 2, S, H, D)`` per decoder layer."""
+    return tuple(layer.compute_cross_attention_cache(memory) for layer in model.decoder.layers)
+
+
+def _decode_step(model, tokens, index, caches, cross, memory_mask):
+    """``model.decode_step`` with one cache per decoder layer (`_caches`, `_cross_caches`):
+    the same layers, in the same order, without stacking the caches at every step.
+
+    Returns:
+        Logits ``(R, V)`` (float32) and the updated caches.
+    """
+    x = model.embed_target(tokens, start_index=index)
+    updated = []
+    for layer, cache, cross_cache in zip(model.decoder.layers, caches, cross):
+        out = layer(x, None, memory_mask=memory_mask, use_causal_mask=True, cache=cache,
+                    cache_index=index, cross_attention_cache=cross_cache)
+        x = out.output
+        updated.append(out.cache)
+    return model.project(model.decoder.normalize(x))[:, 0], tuple(updated)
+
+
+def _cached_loop(cond, body, state, num_caches, first_width, max_length):
+    """``ops.while_loop`` whose state ends with ``num_caches`` self-attention caches
+    ``(R, 2, W, H, D)``.
+
+    Runs while ``cond(W, *state)`` with the caches ``first_width`` wide, then pads them with
+    zeros to ``max_length`` and runs on while ``cond(max_length, *state)`` (no step at all
+    when the batch was decided within ``first_width``).
+    """
+    state = ops.while_loop(functools.partial(cond, first_width), body, state)
+    rest, caches = state[:-num_caches], state[-num_caches:]
+    padding = [[0, 0], [0, 0], [0, max_length - first_width], [0, 0], [0, 0]]
+    caches = tuple(ops.pad(cache, padding) for cache in caches)
+    return ops.while_loop(functools.partial(cond, max_length), body, (*rest, *caches))
