@@ -4,7 +4,10 @@
 weights and batch (the mixed model gets the float32 model's weights).
 
     python benchmarks/precision.py [--cases nmt-tiny,nmt-base,detr-tiny,detr-r50] [--repeats 5]
-                                   [--policies mixed_bfloat16,mixed_float16]
+                                   [--policies mixed_bfloat16,mixed_float16,xla]
+
+``xla`` is no policy: the float32 model compiled with XLA (``jit_compile=True``; DETR then
+matches with the ``keras.ops`` solver), against the same model without.
 
 NMT: ``Seq2SeqTransformer`` with the label-smoothed loss and Adam, vocabulary 8000, length
 40; tiny batch 64, base batch 16. DETR: the preset's model, set loss and AdamW, 4 objects per
@@ -16,6 +19,7 @@ A bf16 matmul is fast only on CPUs with AMX / AVX512-BF16 (``lscpu`` flags ``amx
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import statistics
@@ -52,9 +56,9 @@ def _nmt(preset_name: str, batch: int):
          "target_in": rng.integers(4, VOCAB, (batch, LENGTH)).astype("int32")}
     y = rng.integers(4, VOCAB, (batch, LENGTH)).astype("int32")
 
-    def build():
+    def build(jit_compile=False):
         model = build_model(config)
-        compile_model(model, config, jit_compile=False)
+        compile_model(model, config, jit_compile=jit_compile)
         return model
 
     return build, x, y
@@ -78,10 +82,11 @@ def _detr(preset_name: str = "tiny", batch: int = 16, side: int = 128, objects: 
     y = {"labels": rng.integers(0, 3, (batch, q)).astype("int32"), "boxes": boxes,
          "valid": valid}
 
-    def build():
-        model = build_model(config, 3)
-        model.compile(optimizer=build_optimizer(config, model),
-                      criterion=build_criterion(config, 3), jit_compile=False)
+    def build(jit_compile=False):
+        cfg = dataclasses.replace(config, matcher_solver="ops") if jit_compile else config
+        model = build_model(cfg, 3)
+        model.compile(optimizer=build_optimizer(cfg, model),
+                      criterion=build_criterion(cfg, 3), jit_compile=jit_compile)
         return model
 
     return build, x, y
@@ -105,9 +110,11 @@ def measure(case: str, policy: str, repeats: int, iters: int = 2):
     keras.config.set_dtype_policy("float32")
     keras.utils.set_random_seed(0)
     full = build()
-    keras.config.set_dtype_policy(policy)
+    # "xla": the float32 model compiled with XLA (DETR with the keras.ops matcher, which XLA
+    # can compile; the scipy one is a host callback).
+    keras.config.set_dtype_policy("float32" if policy == "xla" else policy)
     keras.utils.set_random_seed(0)
-    mixed = build()
+    mixed = build(jit_compile=True) if policy == "xla" else build()
     keras.config.set_dtype_policy("float32")
     mixed.set_weights(full.get_weights())
     losses = (_loss(full, x, y), _loss(mixed, x, y))
