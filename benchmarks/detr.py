@@ -30,9 +30,9 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from vision.config import preset  # noqa: E402
-from vision.matcher import HungarianMatcher  # noqa: E402
-from vision.model import build_criterion, build_model  # noqa: E402
-from vision.optimizer import build_optimizer  # noqa: E402
+from vision.matching.matcher import HungarianMatcher  # noqa: E402
+from vision.modeling.detr import build_criterion, build_model  # noqa: E402
+from vision.training.optimizer import build_optimizer  # noqa: E402
 
 PEER_TINY_B16_S = 0.34  # facebookresearch/detr, DESIGN section 8 (PyTorch, 2 threads)
 SETTINGS = {  # name: (preset, batch, image side, objects per image)

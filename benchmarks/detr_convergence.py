@@ -1,7 +1,7 @@
 """How far a DETR configuration gets on the embedded shapes in a fixed wall-clock budget.
 
 Trains a preset, with some `DetrConfig` fields changed, on `embedded` data for ``--minutes``
-(the same `vision.train.train_detr` as ``scripts/train_detr.py``: export and COCO AP on
+(the same `vision.training.train.train_detr` as ``scripts/train_detr.py``: export and COCO AP on
 held-out images included) and prints one JSON line with the changes and AP / AP50 / AP75.
 Runs are sequential by design: two at once share the cores and each gets fewer steps.
 
@@ -24,10 +24,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tfx_transformer.cli import positive  # noqa: E402
-from tfx_transformer.run import RunOptions  # noqa: E402
+from tfx_transformer.training.cli import positive  # noqa: E402
+from tfx_transformer.training.run import RunOptions  # noqa: E402
 from vision.config import PRESETS, DetrConfig, preset  # noqa: E402
-from vision.train import train_detr  # noqa: E402
+from vision.training.train import train_detr  # noqa: E402
 
 
 def parse_changes(items: list[str]) -> dict:

@@ -34,8 +34,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from vision.assignment import assign  # noqa: E402
-from vision.matcher import HungarianMatcher  # noqa: E402
+from vision.matching.assignment import assign  # noqa: E402
+from vision.matching.matcher import HungarianMatcher  # noqa: E402
 
 SHAPES = {  # name: (queries Q, target slots M, fewest and most valid targets per image)
     "Q100/M20": (100, 20, 20, 20),

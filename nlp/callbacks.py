@@ -4,7 +4,7 @@
 ``val_chrf`` into the epoch's logs, so ``metrics.json["history"]``, TensorBoard and the
 progress line all show them (put it before those callbacks). `Patience` stops the run once
 ``val_bleu`` has not improved for N epochs; the best epoch is then the one exported
-(`tfx_transformer.checkpoints.choose_weights`).
+(`tfx_transformer.training.checkpoints.choose_weights`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from nlp.decoding import DecodingSettings
 from nlp.evaluate import evaluate
 from nlp.export import make_translate_fn
 from nlp.tokenizer import Tokenizer
-from tfx_transformer.checkpoints import best_epoch
-from tfx_transformer.distribute import is_chief
-from tfx_transformer.workdir import Workdir, read_metrics
+from tfx_transformer.training.checkpoints import best_epoch
+from tfx_transformer.training.distribute import is_chief
+from tfx_transformer.training.workdir import Workdir, read_metrics
 
 __all__ = ["Patience", "ValidationScores"]
 

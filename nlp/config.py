@@ -50,7 +50,7 @@ class NMTConfig:
     # (0: none, or 100 with `patience`: on a small corpus it costs ~15 % of the steps of a
     # time budget); stop after `patience` epochs without a better val_bleu (None: never) and
     # export the best epoch; export the mean of the last `average_last` epochs (up to the best;
-    # None: a quarter of them, at most 10, `tfx_transformer.checkpoints.average_count`).
+    # None: a quarter of them, at most 10, `tfx_transformer.training.checkpoints.average_count`).
     valid_sentences: int = 0
     patience: int | None = None
     average_last: int | None = None

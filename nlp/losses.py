@@ -6,7 +6,7 @@ import keras
 from keras import ops
 
 from nlp.tokenizer import PAD_ID
-from tfx_transformer.distribute import replica_sum
+from tfx_transformer.training.distribute import replica_sum
 
 __all__ = ["MaskedLabelSmoothedCrossEntropy", "MaskedAccuracy"]
 
@@ -20,7 +20,8 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
     not depend on how much padding a batch has.
 
     Under a `tf.distribute` strategy with several replicas the count ``Σ [y ≠ pad]`` is that
-    of the global batch (summed over the replicas, `tfx_transformer.distribute.replica_sum`):
+    of the global batch (summed over the replicas,
+    `tfx_transformer.training.distribute.replica_sum`):
     each replica returns its share of the global mean, so the replicas' losses add up to it
     and their gradients, which Keras sums, are the single-device gradients of the global
     batch. (Keras's trainer reports the loss multiplied by the number of replicas and

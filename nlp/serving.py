@@ -49,7 +49,7 @@ SCORES_KEY = "scores"  # NBEST output: float32 (N, K), descending
 INFO_FILE = "translator.json"
 LEGACY_BEAM_FILE = "beam_size.txt"  # what exports had before INFO_FILE
 FORMAT_VERSION = 2  # 2: with the NBEST signature
-DETECTOR_FILE = "classes.json"  # what a detector export has (vision.export.CLASSES_FILE)
+DETECTOR_FILE = "classes.json"  # what a detector export has (vision.training.export.CLASSES_FILE)
 
 
 class NotATranslatorError(ValueError):

@@ -1,7 +1,7 @@
 """Training a translator end to end: tokenizer, batches, fit, export, held-out BLEU.
 
 `train_nmt` builds what is particular to translation (tokenizer, token-bucketed batches, the
-Noam-scheduled model) and leaves the rest to `tfx_transformer.trainer.Trainer`.
+Noam-scheduled model) and leaves the rest to `tfx_transformer.training.trainer.Trainer`.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
 from nlp.tokenizer import Tokenizer, train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
-from tfx_transformer.bounds import BudgetProgress
-from tfx_transformer.checkpoints import choose_weights
-from tfx_transformer.run import RunOptions
-from tfx_transformer.trainer import Trainer
+from tfx_transformer.training.bounds import BudgetProgress
+from tfx_transformer.training.checkpoints import choose_weights
+from tfx_transformer.training.run import RunOptions
+from tfx_transformer.training.trainer import Trainer
 
 __all__ = ["DEFAULT_EPOCHS", "build_tokenizer", "compile_model", "count_batches", "make_schedule",
            "train_nmt"]
@@ -61,10 +61,10 @@ def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
     ``check(tokenizer)`` (if given) has passed, so data it rejects leaves no file behind.
 
     With several workers (``strategy``, by default the `MultiWorkerMirroredStrategy` of this
-    process, `tfx_transformer.distribute.multi_worker_strategy`) only the chief reuses or
+    process, `tfx_transformer.training.distribute.multi_worker_strategy`) only the chief reuses or
     trains the tokenizer and writes ``path``, in its own work directory. Every other worker
     waits for the chief's model proto, which comes by a collective broadcast over the
-    strategy (`tfx_transformer.distribute.broadcast_from_chief`: no shared file system is
+    strategy (`tfx_transformer.training.distribute.broadcast_from_chief`: no shared file system is
     needed), runs ``check`` on it and writes nothing. All workers must call this at the same
     point; when the chief fails, the others raise too instead of waiting.
 
@@ -72,7 +72,11 @@ def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
         ValueError: ``path`` was trained for another ``vocab_size``, or ``check`` raised; on
             a non-chief worker, the chief could not build its tokenizer.
     """
-    from tfx_transformer.distribute import broadcast_from_chief, is_chief, multi_worker_strategy
+    from tfx_transformer.training.distribute import (
+        broadcast_from_chief,
+        is_chief,
+        multi_worker_strategy,
+    )
 
     def build() -> Tokenizer:
         if os.path.exists(path):
@@ -147,7 +151,7 @@ def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_
 
 def make_schedule(config: NMTConfig, total_steps: int | None = None, timed: bool = False):
     """``config.schedule``: `BudgetSchedule` over ``total_steps`` and, when ``timed``, the
-    run's time budget (through `tfx_transformer.bounds.BudgetProgress`); or
+    run's time budget (through `tfx_transformer.training.bounds.BudgetProgress`); or
     `NoamSchedule`, also for a budget schedule of a run whose length is not known (neither
     ``total_steps`` nor ``timed``)."""
     if config.schedule == "noam" or (total_steps is None and not timed):
@@ -199,12 +203,12 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
         workers).
 
     A finished run rerun with nothing more to do returns its recorded scores and changes
-    nothing (`tfx_transformer.trainer.Trainer`).
+    nothing (`tfx_transformer.training.trainer.Trainer`).
 
     Raises:
         ValueError: bad data (no training pairs, none shorter than ``max_length`` tokens,
             malformed file, unknown scheme), a broken file in the work directory, or a NaN
-            loss (`tfx_transformer.callbacks.NonFiniteLossError`).
+            loss (`tfx_transformer.training.callbacks.NonFiniteLossError`).
     """
     trainer = Trainer(workdir, run, log, state_files=("tokenizer.model",))
     trainer.check_data(data)

@@ -17,7 +17,7 @@ from scripts._quiet import quiet_start  # noqa: E402
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
-from tfx_transformer.cli import run_cli  # noqa: E402
+from tfx_transformer.training.cli import run_cli  # noqa: E402
 from vision.legacy import convert_legacy_weights  # noqa: E402
 
 

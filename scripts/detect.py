@@ -22,9 +22,9 @@ quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lin
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfx_transformer.cli import run_cli  # noqa: E402
-from vision.export import load_detector  # noqa: E402
+from tfx_transformer.training.cli import run_cli  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
+from vision.training.export import load_detector  # noqa: E402
 
 
 def _output_name(path: str, taken: set[str]) -> str:

@@ -15,7 +15,7 @@ from scripts._quiet import quiet_start  # noqa: E402
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
-from tfx_transformer.cli import (  # noqa: E402
+from tfx_transformer.training.cli import (  # noqa: E402
     COMMON_RUN_FLAGS,
     add_override_arguments,
     add_run_arguments,
@@ -25,7 +25,7 @@ from tfx_transformer.cli import (  # noqa: E402
     run_options_from_args,
 )
 from vision.config import PRESETS, preset  # noqa: E402
-from vision.train import train_detr  # noqa: E402
+from vision.training.train import train_detr  # noqa: E402
 
 # DetrConfig field -> flag and argparse keywords.
 CONFIG_FLAGS = {

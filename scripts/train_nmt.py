@@ -13,7 +13,7 @@ quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lin
 
 from nlp.config import PRESETS, SCHEDULES, preset  # noqa: E402
 from nlp.train import train_nmt  # noqa: E402
-from tfx_transformer.cli import (  # noqa: E402
+from tfx_transformer.training.cli import (  # noqa: E402
     COMMON_RUN_FLAGS,
     add_override_arguments,
     add_run_arguments,

@@ -32,7 +32,7 @@ from nlp.export import (  # noqa: E402
     nbest_size,
     read_info,
 )
-from tfx_transformer.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
 
 
 def read_lines(stream, name: str = "stdin") -> list[str]:

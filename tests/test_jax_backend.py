@@ -27,7 +27,7 @@ if importlib.util.find_spec("jax") is None:
 from nlp.decoding import beam_search, greedy_search  # noqa: E402
 from nlp.model import Seq2SeqTransformer  # noqa: E402
 from vision.config import preset  # noqa: E402
-from vision.model import build_criterion, build_model  # noqa: E402
+from vision.modeling.detr import build_criterion, build_model  # noqa: E402
 
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow",
                                 reason="saves the models under the TensorFlow backend")
@@ -87,7 +87,7 @@ JAX_SCRIPT = textwrap.dedent("""
     import nlp.model  # noqa: F401  (registers the saved classes)
     from nlp.decoding import beam_search, compile_search
     from vision.config import preset
-    from vision.model import build_criterion
+    from vision.modeling.detr import build_criterion
 
     assert keras.backend.backend() == "jax", keras.backend.backend()
     folder, atol = Path(sys.argv[1]), float(sys.argv[2])

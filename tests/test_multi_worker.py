@@ -1,7 +1,7 @@
 """Two real `MultiWorkerMirroredStrategy` workers on 127.0.0.1 train NMT, then DETR.
 
 Each worker is its own process with its own ``TF_CONFIG`` and work directory; both run
-`nlp.train.train_nmt` and `vision.train.train_detr` for two steps. They must end with the
+`nlp.train.train_nmt` and `vision.training.train.train_detr` for two steps. They must end with the
 same weights (their halves of each global batch differ, so only synchronized steps agree),
 the non-chief must get the chief's tokenizer, and only the chief writes (``export/``,
 ``metrics.json``, ``tokenizer.model``). A rerun of the finished NMT run ends at once on
@@ -29,9 +29,9 @@ WORKER = textwrap.dedent("""
     import keras
     from nlp.config import preset as nmt_preset
     from nlp.train import train_nmt
-    from tfx_transformer.run import RunOptions
+    from tfx_transformer.training.run import RunOptions
     from vision.config import preset as detr_preset
-    from vision.train import train_detr
+    from vision.training.train import train_detr
 
     out = sys.argv[1]
 

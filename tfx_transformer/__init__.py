@@ -1,25 +1,33 @@
-"""Keras 3 Transformer layers shared by the translation and detection applications."""
+"""Keras 3 Transformer layers shared by the translation and detection applications.
 
-from tfx_transformer.attention import AttentionOutput, MultiHeadAttention
-from tfx_transformer.decoder import TransformerDecoder, TransformerDecoderLayer
-from tfx_transformer.dot_product import scaled_dot_product_attention
-from tfx_transformer.encoder import TransformerEncoder, TransformerEncoderLayer
-from tfx_transformer.feedforward import FeedForward
-from tfx_transformer.masks import (
+- `tfx_transformer.layers`: the layers (``keras.ops`` only, any Keras backend).
+- `tfx_transformer.training`: what both trainers share (TensorFlow allowed): strategy,
+  precision, time and step bounds, checkpoints, the work directory, the `Trainer`.
+
+The names below are the layers' and the learning-rate schedules'.
+"""
+
+from tfx_transformer.layers import (
+    AttentionOutput,
+    FeedForward,
+    LearnedPositionEmbedding,
+    MultiHeadAttention,
+    SinePositionEmbedding2D,
+    SinusoidalPositionEncoding,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+    add_position,
     causal_mask,
     key_padding_mask,
     merge_masks,
     padding_mask,
+    scaled_dot_product_attention,
+    sine_features,
     to_attention_mask,
 )
-from tfx_transformer.position import (
-    LearnedPositionEmbedding,
-    SinePositionEmbedding2D,
-    SinusoidalPositionEncoding,
-    add_position,
-    sine_features,
-)
-from tfx_transformer.schedules import BudgetSchedule, NoamSchedule
+from tfx_transformer.training.schedules import BudgetSchedule, NoamSchedule
 
 __version__ = "0.1.0"
 

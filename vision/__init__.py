@@ -1,11 +1,11 @@
 """DETR-style object detection on the shared Transformer layers of `tfx_transformer`.
 
-- Data, `vision.data`: sources (``embedded``, ``coco:``, ``tfds:``), augmentation, batching.
-- Model: `vision.model` (``DETR``, ``build_model``, ``build_criterion``) composed of
-  `vision.backbone`, `vision.queries` (query strategies), `vision.refinement` (the decoder
-  side), `vision.heads`, `vision.geometry` and `vision.init`; the loss is `vision.losses`
-  with `vision.matcher` and `vision.assignment`; boxes in `vision.box_ops`.
-- Training and use: `vision.config`, `vision.optimizer`, `vision.train`, `vision.evaluate`,
-  `vision.postprocess`, `vision.export`, `vision.plots`, and `vision.legacy` for files saved
-  before the query layers.
+- `vision.data`: sources (``embedded``, ``coco:``, ``tfds:``), augmentation, batching.
+- `vision.modeling`: the model (``keras.ops`` only): backbone, query strategies, decoder-side
+  refinement, heads, box maths, post-processing.
+- `vision.matching`: the Hungarian matcher, its solvers and the set loss.
+- `vision.training`: optimizer, ``train_detr``, evaluation and the SavedModel export.
+- `vision.config` (``DetrConfig`` and presets) and `vision.plots` join them.
 """
+
+__all__: list[str] = []

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from vision.assignment import SOLVERS
-from vision.backbone import BACKBONES
 from vision.data.batching import AUGMENTATIONS
-from vision.queries import query_layer_class
-from vision.refinement import make_box_decoding
+from vision.matching.assignment import SOLVERS
+from vision.modeling.backbone import BACKBONES
+from vision.modeling.queries import query_layer_class
+from vision.modeling.refinement import make_box_decoding
 
 __all__ = ["DetrConfig", "PRESETS", "preset"]
 
@@ -63,7 +63,8 @@ class DetrConfig:
     num_queries: int = 100  # upper bound on detections per image
     norm_first: bool = False  # post-norm, as DETR's default (pre_norm=False)
     # Convergence aids (DETR: "learned", None, False). query_type names a layer of
-    # vision.queries.QUERY_LAYERS: "reference", a learned reference point per query positions
+    # vision.modeling.queries.QUERY_LAYERS: "reference", a learned reference point per query
+    # positions
     # the query and its box centre; "encoder", two-stage queries from the encoder's best
     # proposals. attention_radius limits each query's cross-attention to a window around its
     # reference point (needs reference points).
@@ -117,11 +118,12 @@ class DetrConfig:
         _check_values(self)
 
     def model_kwargs(self) -> dict:
-        """The `vision.model.DETR` constructor arguments (all but num_classes and backbone)."""
+        """The `vision.modeling.detr.DETR` constructor arguments (all but num_classes and
+        backbone)."""
         return {field: getattr(self, field) for field in _MODEL_FIELDS}
 
     def backbone_kwargs(self) -> dict:
-        """The arguments of `vision.backbone.build_backbone`."""
+        """The arguments of `vision.modeling.backbone.build_backbone`."""
         kwargs = {"name": self.backbone, "weights": self.backbone_weights}
         if self.backbone == "tiny":
             kwargs["filters"] = self.tiny_filters

@@ -1,10 +1,11 @@
 """Converting DETR files saved before the query strategies became layers.
 
-Keras stores weights by attribute path. Before `vision.queries` existed, DETR held its query
+Keras stores weights by attribute path. Before `vision.modeling.queries` existed, DETR held its
+query
 weights itself (``vars/0``: ``query_embed`` or ``reference_logits``), its box head as a list
 (``box_head/dense``, ``box_head/dense_1``, ...), and its other heads in lists that Keras saved
 under the model's ``layers`` (``layers/dense_4`` ...). Now the box head is a
-`vision.heads.MLP` (``box_head/layers/dense``) and the query weights belong to the query
+`vision.modeling.heads.MLP` (``box_head/layers/dense``) and the query weights belong to the query
 layer (``layers/learned_queries/vars/0``, ``layers/two_stage_queries/...``). The optimizer's
 slots follow the order of the trainable variables, in which the query weights moved from
 the first place to the end (behind the box head).

@@ -80,7 +80,7 @@ def cross_attention(model, inputs: dict) -> tuple[dict, np.ndarray, tuple[int, i
     """DETR's forward pass in inference mode with the decoder's cross-attention weights.
 
     Args:
-        model: a `vision.model.DETR`.
+        model: a `vision.modeling.detr.DETR`.
         inputs: ``{"images": (B, H, W, 3) float32 normalized, "mask": (B, H, W) bool}``.
 
     Returns:
@@ -106,7 +106,7 @@ def plot_query_attention(model, image: np.ndarray, path: str | os.PathLike, imag
     the image.
 
     Args:
-        model: a `vision.model.DETR`.
+        model: a `vision.modeling.detr.DETR`.
         image: ``(H, W, 3)`` uint8.
         path: output file.
         image_size, max_size: the evaluation resize (``DetrConfig.image_size``,
@@ -118,8 +118,8 @@ def plot_query_attention(model, image: np.ndarray, path: str | os.PathLike, imag
     Returns:
         ``path`` as a string.
     """
-    from vision.export import preprocess_images  # TensorFlow: only needed here
-    from vision.postprocess import postprocess
+    from vision.modeling.postprocess import postprocess
+    from vision.training.export import preprocess_images  # TensorFlow: only needed here
 
     plt = _pyplot()
     image = np.asarray(image, np.uint8)

@@ -4,8 +4,8 @@ import keras
 import numpy as np
 
 from nlp.callbacks import Patience
-from tfx_transformer.callbacks import MetricsLogger
-from tfx_transformer.workdir import read_metrics
+from tfx_transformer.training.callbacks import MetricsLogger
+from tfx_transformer.training.workdir import read_metrics
 
 X = np.linspace(0, 1, 16, dtype="float32").reshape(4, 4)
 Y = X.sum(axis=1, keepdims=True)

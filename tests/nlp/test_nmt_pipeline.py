@@ -20,7 +20,7 @@ from nlp.export import SOURCE_LENGTH_MULTIPLE, export_translator, make_translate
 from nlp.model import Seq2SeqTransformer
 from nlp.tokenizer import Tokenizer, train_tokenizer
 from nlp.train import build_tokenizer, count_batches, train_nmt
-from tfx_transformer.run import RunOptions
+from tfx_transformer.training.run import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nlp import evaluate
-from tfx_transformer.cli import run_cli
+from tfx_transformer.training.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

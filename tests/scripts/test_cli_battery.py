@@ -27,7 +27,7 @@ import tensorflow as tf
 from PIL import Image
 
 from nlp.tokenizer import train_tokenizer
-from tfx_transformer.cli import run_cli
+from tfx_transformer.training.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 CATEGORIES = [{"id": i + 1, "name": n} for i, n in enumerate(("circle", "square", "triangle"))]

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tfx_transformer.cli import run_cli
+from tfx_transformer.training.cli import run_cli
 from vision.config import PRESETS
 from vision.data.shapes import ShapesGenerator
 
@@ -150,8 +150,8 @@ NAMES = ("circle", "square", "triangle")
 def small_export(tmp_path_factory):
     """An untrained tiny detector's export (labels circle, square, triangle; no category ids)."""
     from vision.config import preset
-    from vision.export import export_detector
-    from vision.model import build_model
+    from vision.modeling.detr import build_model
+    from vision.training.export import export_detector
 
     config = preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=4,
                     tiny_filters=(8, 8, 16), num_encoder_layers=1, num_decoder_layers=1)
@@ -198,7 +198,7 @@ def _coco_of_own_detections(folder, export, categories):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from vision.export import load_detector
+    from vision.training.export import load_detector
 
     detector = load_detector(export)
     id_of = {name: i for i, name in categories.items()}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from nlp import config as nmt_config
-from tfx_transformer.cli import run_cli
-from tfx_transformer.run import RunOptions
+from tfx_transformer.training.cli import run_cli
+from tfx_transformer.training.run import RunOptions
 from vision import config as detr_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from tfx_transformer import BudgetSchedule
-from tfx_transformer.bounds import BudgetProgress
-from tfx_transformer.callbacks import Backup
+from tfx_transformer.training.bounds import BudgetProgress
+from tfx_transformer.training.callbacks import Backup
 
 PEAK = 2e-3
 

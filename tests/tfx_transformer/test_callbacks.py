@@ -1,4 +1,4 @@
-"""Tests for tfx_transformer.callbacks: resume, checkpoints, stop rules, history."""
+"""Tests for tfx_transformer.training.callbacks: resume, checkpoints, stop rules, history."""
 
 import importlib.util
 import json
@@ -7,14 +7,14 @@ import keras
 import numpy as np
 import pytest
 
-from tfx_transformer.bounds import MaxSteps, TimeBudget, plan_epochs
-from tfx_transformer.callbacks import (
+from tfx_transformer.training.bounds import MaxSteps, TimeBudget, plan_epochs
+from tfx_transformer.training.callbacks import (
     MetricsLogger,
     NonFiniteLossError,
     inject_fault,
     standard_callbacks,
 )
-from tfx_transformer.workdir import Workdir, read_metrics, write_metrics
+from tfx_transformer.training.workdir import Workdir, read_metrics, write_metrics
 
 X = np.arange(32, dtype="float32").reshape(8, 4) / 32.0
 Y = X.sum(axis=1, keepdims=True)  # 8 examples, batch 4 -> 2 steps per epoch
@@ -235,7 +235,7 @@ def test_fault_hook_values(monkeypatch, tmp_path):
 def test_progress_line_says_steps_of_the_bound_and_time_left():
     import io
 
-    from tfx_transformer.bounds import Progress
+    from tfx_transformer.training.bounds import Progress
 
     now, out = [0.0], io.StringIO()
     progress = Progress(total_steps=4, time_budget=2.0, offset_seconds=30.0, stream=out,

@@ -1,17 +1,17 @@
-"""Tests for tfx_transformer.checkpoints: the weights a run exports."""
+"""Tests for tfx_transformer.training.checkpoints: the weights a run exports."""
 
 import keras
 import numpy as np
 import pytest
 
-from tfx_transformer.checkpoints import (
+from tfx_transformer.training.checkpoints import (
     average_count,
     average_weights,
     best_epoch,
     choose_weights,
     epoch_checkpoints,
 )
-from tfx_transformer.workdir import Workdir, write_metrics
+from tfx_transformer.training.workdir import Workdir, write_metrics
 
 
 def _model():

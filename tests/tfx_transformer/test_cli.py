@@ -1,11 +1,12 @@
-"""Tests for tfx_transformer.cli: the argument types, run flags, overrides, error wrapper."""
+"""Tests for tfx_transformer.training.cli: the argument types, run flags, overrides, error
+wrapper."""
 
 import argparse
 import dataclasses
 
 import pytest
 
-from tfx_transformer.cli import (
+from tfx_transformer.training.cli import (
     COMMON_RUN_FLAGS,
     RUN_FLAGS,
     add_override_arguments,
@@ -17,7 +18,7 @@ from tfx_transformer.cli import (
     run_cli,
     run_options_from_args,
 )
-from tfx_transformer.run import RunOptions
+from tfx_transformer.training.run import RunOptions
 
 
 def _exit_code(parser, argv):

@@ -1,4 +1,5 @@
-"""Tests for tfx_transformer.distribute and tfx_transformer.precision, and for what the two
+"""Tests for tfx_transformer.training.distribute and tfx_transformer.training.precision, and for
+what the two
 applications need under a strategy: NMT's replica-even batches and chief-only tokenizer,
 and one `MirroredStrategy` step of each model equal to the single-device step.
 
@@ -18,12 +19,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tfx_transformer.distribute as distribute
+import tfx_transformer.training.distribute as distribute
 from nlp.data.batching import make_batches
 from nlp.data.embedded import generate_pairs
 from nlp.tokenizer import Tokenizer, train_tokenizer
 from nlp.train import build_tokenizer, count_batches
-from tfx_transformer.distribute import (
+from tfx_transformer.training.distribute import (
     broadcast_from_chief,
     clip_by_global_norm_of_sum,
     get_strategy,
@@ -33,7 +34,7 @@ from tfx_transformer.distribute import (
     task_index,
     tf_config,
 )
-from tfx_transformer.precision import set_mixed_precision
+from tfx_transformer.training.precision import set_mixed_precision
 
 
 def test_strategy_names(monkeypatch):
@@ -92,7 +93,7 @@ MIRRORED_STEPS = textwrap.dedent("""
     two = [tf.config.LogicalDeviceConfiguration()] * 2
     tf.config.set_logical_device_configuration(cpu, two)
     import keras
-    from tfx_transformer.distribute import (clip_by_global_norm_of_sum, get_strategy,
+    from tfx_transformer.training.distribute import (clip_by_global_norm_of_sum, get_strategy,
                                             num_replicas, replica_sum)
 """) + inspect.getsource(FakeTokenizer) + textwrap.dedent("""
     mirrored = get_strategy("mirrored")  # one: another one's collectives would clash
@@ -154,8 +155,8 @@ MIRRORED_STEPS = textwrap.dedent("""
     compare("nmt", nmt_model, nmt_data)
 
     from vision.config import preset as detr_preset
-    from vision.model import build_criterion, build_model as build_detr
-    from vision.optimizer import build_optimizer
+    from vision.modeling.detr import build_criterion, build_model as build_detr
+    from vision.training.optimizer import build_optimizer
 
     detr = detr_preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=4,
                        num_encoder_layers=1, num_decoder_layers=1, tiny_filters=(8, 16),
@@ -341,7 +342,7 @@ def test_set_mixed_precision():
 
 
 def test_auto_precision_picks_bfloat16_only_where_it_is_fast():
-    from tfx_transformer.precision import fast_bfloat16, resolve_mixed_precision
+    from tfx_transformer.training.precision import fast_bfloat16, resolve_mixed_precision
 
     amx, avx = {"avx512f", "amx_tile", "amx_bf16"}, {"avx512f", "avx512_bf16"}
     assert fast_bfloat16(cpu_flags=amx, gpus=[]) == "CPU amx_bf16"

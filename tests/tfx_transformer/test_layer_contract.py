@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 import tfx_transformer as tt
-from tfx_transformer.testing import check_layer
+from tfx_transformer.layers.testing import check_layer
 
 B, T, S, D = 2, 5, 7, 16
 rng = np.random.default_rng(0)

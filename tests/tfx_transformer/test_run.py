@@ -1,10 +1,10 @@
-"""Tests for tfx_transformer.run.RunOptions."""
+"""Tests for tfx_transformer.training.run.RunOptions."""
 
 import dataclasses
 
 import pytest
 
-from tfx_transformer.run import LONG_RUN_EPOCHS, RunOptions
+from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
 
 
 def test_defaults_and_frozen():

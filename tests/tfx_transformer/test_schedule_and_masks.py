@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tfx_transformer as tt
-from tfx_transformer.masks import check_mask_rank
+from tfx_transformer.layers.masks import check_mask_rank
 
 
 def _noam(d, w, s, scale=1.0):

@@ -1,4 +1,4 @@
-"""Tests for tfx_transformer.trainer.Trainer: the skeleton both applications train with."""
+"""Tests for tfx_transformer.training.trainer.Trainer: the skeleton both applications train with."""
 
 import json
 import os
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfx_transformer.callbacks import NonFiniteLossError
-from tfx_transformer.run import RunOptions
-from tfx_transformer.trainer import Trainer
-from tfx_transformer.workdir import read_metrics, read_state
+from tfx_transformer.training.callbacks import NonFiniteLossError
+from tfx_transformer.training.run import RunOptions
+from tfx_transformer.training.trainer import Trainer
+from tfx_transformer.training.workdir import read_metrics, read_state
 
 X = np.arange(48, dtype="float32").reshape(12, 4) / 48.0
 Y = X.sum(axis=1, keepdims=True)

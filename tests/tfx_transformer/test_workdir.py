@@ -1,4 +1,4 @@
-"""Tests for tfx_transformer.workdir: the work directory and metrics.json."""
+"""Tests for tfx_transformer.training.workdir: the work directory and metrics.json."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfx_transformer.workdir import (
+from tfx_transformer.training.workdir import (
     Workdir,
     read_metrics,
     read_state,

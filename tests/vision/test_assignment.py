@@ -1,11 +1,12 @@
-"""Tests for vision.assignment: the keras.ops solver reaches scipy's minimum cost, under XLA."""
+"""Tests for vision.matching.assignment: the keras.ops solver reaches scipy's minimum cost, under
+XLA."""
 
 import keras
 import numpy as np
 import pytest
 from keras import ops
 
-from vision.assignment import _assign_numpy, assign
+from vision.matching.assignment import _assign_numpy, assign
 
 tf_only = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="tf.function")
 

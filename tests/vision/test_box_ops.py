@@ -1,11 +1,11 @@
-"""Tests for vision.box_ops against hand-computed values and an independent NumPy loop."""
+"""Tests for vision.modeling.box_ops against hand-computed values and an independent NumPy loop."""
 
 import keras
 import numpy as np
 import pytest
 from keras import ops
 
-from vision.box_ops import (
+from vision.modeling.box_ops import (
     box_area,
     box_cxcywh_to_xyxy,
     box_iou,

@@ -14,7 +14,7 @@ from vision.config import preset
 from vision.data import augment
 from vision.data import sources as data
 from vision.data.batching import ObjectLimit, make_batches
-from vision.evaluate import coco_evaluate, evaluate_records, match_labels
+from vision.training.evaluate import coco_evaluate, evaluate_records, match_labels
 
 # --- crowd regions: our AP is pycocotools' on the file itself ---------------------------------
 
@@ -232,9 +232,9 @@ def _extreme_records():
 
 
 def test_a_5000x10_image_trains_and_evaluates():
-    from vision.export import make_detect_fn
-    from vision.model import build_criterion, build_model
-    from vision.optimizer import build_optimizer
+    from vision.modeling.detr import build_criterion, build_model
+    from vision.training.export import make_detect_fn
+    from vision.training.optimizer import build_optimizer
 
     config = preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=4,
                     tiny_filters=(8, 8, 16), num_encoder_layers=1, num_decoder_layers=1,

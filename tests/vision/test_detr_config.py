@@ -6,8 +6,8 @@ import inspect
 import pytest
 
 from vision.config import PRESETS, DetrConfig, preset
-from vision.model import DETR
-from vision.queries import QUERY_LAYERS
+from vision.modeling.detr import DETR
+from vision.modeling.queries import QUERY_LAYERS
 
 
 def test_r50_holds_detrs_numbers():

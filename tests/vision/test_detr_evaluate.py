@@ -8,17 +8,17 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfx_transformer.run import RunOptions
-from tfx_transformer.workdir import read_metrics
+from tfx_transformer.training.run import RunOptions
+from tfx_transformer.training.workdir import read_metrics
 from vision.config import preset
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 from vision.data.sources import DetectionSource
-from vision.evaluate import coco_evaluate, evaluate_records
-from vision.export import preprocess_images
-from vision.model import build_model
-from vision.optimizer import DetrAdamW
+from vision.modeling.detr import build_model
 from vision.plots import cross_attention, draw_detections, plot_query_attention
-from vision.train import LearningRateDrop, train_detr
+from vision.training.evaluate import coco_evaluate, evaluate_records
+from vision.training.export import preprocess_images
+from vision.training.optimizer import DetrAdamW
+from vision.training.train import LearningRateDrop, train_detr
 
 # COCO's AP is the mean, over IoU thresholds 0.50:0.05:0.95 and over the categories with
 # ground truth, of the precision interpolated (made non-increasing) at the 101 recall points

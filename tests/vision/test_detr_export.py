@@ -14,9 +14,9 @@ from PIL import Image
 
 from vision.config import preset
 from vision.data.batching import ObjectLimit, make_batches
-from vision.export import export_detector, load_detector, make_detect_fn
-from vision.model import build_model
-from vision.postprocess import postprocess
+from vision.modeling.detr import build_model
+from vision.modeling.postprocess import postprocess
+from vision.training.export import export_detector, load_detector, make_detect_fn
 
 SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32),
              num_encoder_layers=1, num_decoder_layers=2)

@@ -16,11 +16,11 @@ import keras
 import numpy as np
 import pytest
 
-from tfx_transformer.cli import run_cli
+from tfx_transformer.training.cli import run_cli
 from vision.config import preset
 from vision.legacy import _move_slots, convert_legacy_weights
-from vision.model import build_criterion, build_model
-from vision.optimizer import build_optimizer
+from vision.modeling.detr import build_criterion, build_model
+from vision.training.optimizer import build_optimizer
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 _spec = importlib.util.spec_from_file_location(

@@ -6,12 +6,12 @@ import keras
 import numpy as np
 import pytest
 
-from vision.backbone import ResNet50Backbone, TinyBackbone, build_backbone
 from vision.config import preset
-from vision.losses import SetCriterion
-from vision.model import DETR, DetrOutput, build_criterion, build_model
-from vision.optimizer import DetrAdamW, build_optimizer
-from vision.postprocess import postprocess
+from vision.matching.losses import SetCriterion
+from vision.modeling.backbone import ResNet50Backbone, TinyBackbone, build_backbone
+from vision.modeling.detr import DETR, DetrOutput, build_criterion, build_model
+from vision.modeling.postprocess import postprocess
+from vision.training.optimizer import DetrAdamW, build_optimizer
 
 NUM_CLASSES = 3
 # A small variant of the tiny preset (same structure, stride 16) for the slower tests.

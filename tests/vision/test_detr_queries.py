@@ -1,4 +1,4 @@
-"""Tests of DETR's query strategies (`vision.queries`), geometry and initialization."""
+"""Tests of DETR's query strategies (`vision.modeling.queries`), geometry and initialization."""
 
 import math
 
@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from tfx_transformer import sine_features
-from vision.backbone import build_backbone
 from vision.config import preset
-from vision.geometry import cell_centres, near_points, resize_mask
-from vision.model import DETR, build_model
-from vision.queries import (
+from vision.modeling.backbone import build_backbone
+from vision.modeling.detr import DETR, build_model
+from vision.modeling.geometry import cell_centres, near_points, resize_mask
+from vision.modeling.queries import (
     QUERY_LAYERS,
     LearnedQueries,
     ReferenceQueries,
@@ -38,7 +38,7 @@ def _sigmoid(x):
 
 
 def _mlp(x, mlp):
-    """A `vision.heads.MLP` by hand: ReLU between the dense layers."""
+    """A `vision.modeling.heads.MLP` by hand: ReLU between the dense layers."""
     for i, dense in enumerate(mlp.layers):
         x = x @ keras.ops.convert_to_numpy(dense.kernel) + keras.ops.convert_to_numpy(dense.bias)
         if i < len(mlp.layers) - 1:

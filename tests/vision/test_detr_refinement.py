@@ -1,4 +1,4 @@
-"""Tests of the decoder side of DETR (`vision.refinement`): static references, iterative
+"""Tests of the decoder side of DETR (`vision.modeling.refinement`): static references, iterative
 box refinement, the cross-attention window."""
 
 import keras
@@ -8,11 +8,11 @@ from keras import ops
 
 from tfx_transformer import TransformerDecoder
 from vision.config import preset
-from vision.geometry import near_points
-from vision.heads import MLP
-from vision.model import build_model
-from vision.queries import ReferenceQueries, TwoStageQueries
-from vision.refinement import IterativeRefinement, StaticReferences, make_box_decoding
+from vision.modeling.detr import build_model
+from vision.modeling.geometry import near_points
+from vision.modeling.heads import MLP
+from vision.modeling.queries import ReferenceQueries, TwoStageQueries
+from vision.modeling.refinement import IterativeRefinement, StaticReferences, make_box_decoding
 
 NUM_CLASSES = 3
 SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32))

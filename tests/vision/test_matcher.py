@@ -1,4 +1,5 @@
-"""Tests for vision.assignment and vision.matcher: exact against brute force, batched."""
+"""Tests for vision.matching.assignment and vision.matching.matcher: exact against brute force,
+batched."""
 
 import itertools
 
@@ -7,8 +8,8 @@ import numpy as np
 import pytest
 from keras import ops
 
-from vision.assignment import assign
-from vision.matcher import HungarianMatcher
+from vision.matching.assignment import assign
+from vision.matching.matcher import HungarianMatcher
 
 SOLVERS = ["scipy", "ops"]
 

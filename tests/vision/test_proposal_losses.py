@@ -4,8 +4,8 @@ import keras
 import numpy as np
 import pytest
 
-from vision.losses import SetCriterion
-from vision.matcher import HungarianMatcher
+from vision.matching.losses import SetCriterion
+from vision.matching.matcher import HungarianMatcher
 
 NUM_CLASSES = 3
 

@@ -1,12 +1,12 @@
-"""Tests for vision.losses.SetCriterion against a case worked out by hand."""
+"""Tests for vision.matching.losses.SetCriterion against a case worked out by hand."""
 
 import keras
 import numpy as np
 import pytest
 from keras import ops
 
-from vision.losses import SetCriterion
-from vision.matcher import HungarianMatcher
+from vision.matching.losses import SetCriterion
+from vision.matching.matcher import HungarianMatcher
 
 NUM_CLASSES = 2  # logits have 3 entries, index 2 = no-object
 EOS = 0.1

@@ -7,6 +7,7 @@
 - `vision.data.augment`: DETR's resize, flip and crop; `vision.data.batching`:
   `make_batches` (records -> padded batches) and the object limit (`ObjectLimit`).
 
-The model side (`vision.model`, `vision.queries`, ...) never imports this package, nor this
+The model side (`vision.modeling.detr`, `vision.modeling.queries`, ...) never imports this package,
+nor this
 package the model: only the trainer, the evaluation and the export join them.
 """

@@ -14,7 +14,7 @@ Splits are "train", "valid" and "all" (train followed by valid). A split's *reco
 "labels": (N,) int32, "image_id": () int64, "crowd_boxes": (K, 4) float32, "crowd_labels":
 (K,) int32}`. `boxes`/`labels` are the training targets; the crowd regions (COCO's
 `iscrowd = 1`, TFDS's `objects/is_crowd`; none for `embedded`) are no targets, and only the
-evaluation reads them (`vision.evaluate`: COCO ignores detections on them).
+evaluation reads them (`vision.training.evaluate`: COCO ignores detections on them).
 `vision.data.batching.make_batches` turns records into Keras elements, and
 `DetectionSource.batches` does both steps.
 """

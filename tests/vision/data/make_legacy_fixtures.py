@@ -65,8 +65,8 @@ def flat_outputs(outputs, prefix):
 
 def main(out_dir: str, everything: bool = False) -> None:
     from vision.config import preset
-    from vision.model import build_criterion, build_model
-    from vision.optimizer import build_optimizer
+    from vision.modeling.detr import build_criterion, build_model
+    from vision.training.optimizer import build_optimizer
 
     os.makedirs(out_dir, exist_ok=True)
     x, y = batch()

@@ -12,9 +12,10 @@ reaching outside the image are clipped to it, and boxes of zero width or height 
 Two ways in:
 
 - `coco_evaluate(ground_truth, detections)`: per-image dicts of boxes you already have
-  (for instance `vision.postprocess.postprocess` outputs scaled to the original images);
+  (for instance `vision.modeling.postprocess.postprocess` outputs scaled to the original images);
 - `evaluate_records(detect, records)`: runs ``detect`` (uint8 images -> boxes/scores/labels,
-  e.g. `vision.export.make_detect_fn` in process or a loaded `vision.export.Detector`) over
+  e.g. `vision.training.export.make_detect_fn` in process or a loaded
+  `vision.training.export.Detector`) over
   a split's records (`vision.data.DetectionSource.records`) and scores it.
 """
 

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from vision.data.augment import normalize_image, resized_shape
-from vision.postprocess import postprocess
+from vision.modeling.postprocess import postprocess
 
 __all__ = [
     "Detector", "decode_and_preprocess", "export_detector", "load_detector", "make_detect_fn",
@@ -112,7 +112,7 @@ def make_detect_fn(model, image_size: int, max_size: int | None, from_bytes: boo
     """The exported computation, for use in process: raw images -> detections of every query.
 
     Args:
-        model: a `vision.model.DETR`.
+        model: a `vision.modeling.detr.DETR`.
         image_size, max_size: the resize of `preprocess_images`.
         from_bytes: take ``(B,)`` encoded images instead of ``(B, H, W, 3)`` uint8.
 
@@ -138,7 +138,7 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
     export never leaves a half-written directory in place of a good one.
 
     Args:
-        model: a trained `vision.model.DETR`.
+        model: a trained `vision.modeling.detr.DETR`.
         path: output directory (replaced if it exists).
         class_names: name of each label.
         image_size, max_size: the evaluation resize (``DetrConfig.image_size``,

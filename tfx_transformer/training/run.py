@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tfx_transformer.distribute import STRATEGIES
-from tfx_transformer.precision import MIXED_PRECISION
+from tfx_transformer.training.distribute import STRATEGIES
+from tfx_transformer.training.precision import MIXED_PRECISION
 
 __all__ = ["LONG_RUN_EPOCHS", "RunOptions"]
 

@@ -1,7 +1,7 @@
 """DETR's matching cost and the matcher that solves it (``models/matcher.py`` of DETR).
 
 `HungarianMatcher` builds the cost of matching each prediction to each ground-truth object and
-solves the assignment exactly with `vision.assignment.assign`.
+solves the assignment exactly with `vision.matching.assignment.assign`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import keras
 from keras import ops
 
-from vision.assignment import SOLVERS, assign
-from vision.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
+from vision.matching.assignment import SOLVERS, assign
+from vision.modeling.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
 
 __all__ = ["HungarianMatcher"]
 
@@ -35,7 +35,7 @@ class HungarianMatcher:
         cost_class: Weight of the classification term.
         cost_bbox: Weight of the L1 box term.
         cost_giou: Weight of the GIoU term.
-        solver: ``"scipy"`` or ``"ops"``; see `vision.assignment.assign`. ``"scipy"``
+        solver: ``"scipy"`` or ``"ops"``; see `vision.matching.assignment.assign`. ``"scipy"``
             needs a train step compiled with ``jit_compile=False``.
 
     Call arguments:

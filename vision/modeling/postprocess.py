@@ -10,7 +10,7 @@ from typing import Any
 
 from keras import ops
 
-from vision.box_ops import box_cxcywh_to_xyxy
+from vision.modeling.box_ops import box_cxcywh_to_xyxy
 
 __all__ = ["postprocess"]
 

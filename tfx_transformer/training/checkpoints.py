@@ -1,7 +1,7 @@
 """The weights a run exports: its last epoch, its best epoch, or an average of epochs.
 
 Every trainer saves the weights of each epoch to ``DIR/checkpoints/epoch-NNN.weights.h5``
-(`tfx_transformer.callbacks.standard_callbacks`) and the epoch's logs to
+(`tfx_transformer.training.callbacks.standard_callbacks`) and the epoch's logs to
 ``metrics.json["history"]``. `choose_weights` picks from them what is exported: the epoch
 with the best value of a validation metric (early stopping's "best checkpoint"), and the
 arithmetic mean of the last ``average_last`` epochs up to it (fairseq's
@@ -22,7 +22,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from tfx_transformer.workdir import Workdir, read_metrics
+from tfx_transformer.training.workdir import Workdir, read_metrics
 
 __all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "average_count", "average_weights", "best_epoch",
            "choose_weights", "epoch_checkpoints"]

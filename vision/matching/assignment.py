@@ -17,7 +17,7 @@
   which solves in float64. Under XLA on a CPU it is faster than the host callback at DETR's
   shapes (`benchmarks/matcher.py`).
 
-DETR's cost is `vision.matcher.HungarianMatcher`.
+DETR's cost is `vision.matching.matcher.HungarianMatcher`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def _assign_scipy(cost: Any, valid: Any) -> Any:
 def _tf_host_callback(cost: Any, valid: Any) -> Any:
     """TensorFlow edge: inside a `tf.function` graph, runs `_assign_numpy` on the host.
 
-    This is the only TensorFlow in `vision.assignment`; it is imported lazily. Returns None when
+    This is the only TensorFlow in `vision.matching.assignment`; it is imported lazily. Returns
+    None when
     TensorFlow executes eagerly (then the caller simply runs NumPy).
     """
     import tensorflow as tf

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from keras import ops
 
-from vision.geometry import near_points
+from vision.modeling.geometry import near_points
 
 __all__ = ["BoxDecoding", "DecodedQueries", "IterativeRefinement", "StaticReferences",
            "make_box_decoding"]
@@ -56,9 +56,9 @@ class BoxDecoding:
     Call arguments:
         decoder: a `tfx_transformer.TransformerDecoder` with a final norm and
             ``return_intermediate=True``.
-        box_head: ``(..., d)`` -> ``(..., 4)`` box logits (`vision.heads.MLP`).
+        box_head: ``(..., d)`` -> ``(..., 4)`` box logits (`vision.modeling.heads.MLP`).
         queries: the query strategy layer (its ``embed`` positions refined boxes).
-        start: its `vision.queries.QueryOutput`.
+        start: its `vision.modeling.queries.QueryOutput`.
         memory: ``(B, S, d)`` encoder output; memory_pos: ``(B, S, d)`` its positions.
         feature_valid: ``(B, h, w)`` bool validity of the feature cells (``S = h * w``).
         return_cross_attention: also return the cross-attention weights.

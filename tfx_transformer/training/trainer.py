@@ -1,12 +1,14 @@
 """The skeleton both trainers follow, written once.
 
-An application trainer (`nlp.train.train_nmt`, `vision.train.train_detr`) creates a `Trainer`
+An application trainer (`nlp.train.train_nmt`, `vision.training.train.train_detr`) creates a
+`Trainer`
 first thing (strategy, precision, seed, work directory), loads its data, builds and compiles
 its model in ``trainer.strategy.scope()``, then hands over to `Trainer.train`: callbacks, fit,
 the chief guard, export, evaluation and ``metrics.json``. Only the parts that differ come in
 as arguments: the application's own callbacks, checks, and export and evaluation functions.
 
-The run's phase is recorded in ``DIR/run.json`` (`tfx_transformer.workdir.PHASES`), so a rerun
+The run's phase is recorded in ``DIR/run.json`` (`tfx_transformer.training.workdir.PHASES`), so a
+rerun
 of the same command picks up where the last one stopped: inside `fit` (from the backup of the
 last epoch), before or during the export, during the evaluation; and a finished run says so
 and changes nothing. A larger ``epochs`` or ``max_steps`` continues a finished run from its
@@ -34,12 +36,12 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfx_transformer.bounds import Progress, plan_epochs
-from tfx_transformer.callbacks import inject_fault, standard_callbacks
-from tfx_transformer.distribute import broadcast_from_chief, get_strategy, is_chief
-from tfx_transformer.precision import fast_bfloat16, set_mixed_precision
-from tfx_transformer.run import LONG_RUN_EPOCHS, RunOptions
-from tfx_transformer.workdir import (
+from tfx_transformer.training.bounds import Progress, plan_epochs
+from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
+from tfx_transformer.training.distribute import broadcast_from_chief, get_strategy, is_chief
+from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
+from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
+from tfx_transformer.training.workdir import (
     Workdir,
     check_workdir,
     read_metrics,
@@ -238,7 +240,7 @@ class Trainer:
 
         Raises:
             ValueError: ``steps_per_epoch`` is 0 (no training data), or the loss became NaN
-                (`tfx_transformer.callbacks.NonFiniteLossError`).
+                (`tfx_transformer.training.callbacks.NonFiniteLossError`).
         """
         done = self.finished(default_epochs)
         if done is not None:

@@ -4,7 +4,7 @@ Every strategy has the same call contract, ``queries(memory, feature_valid) ->
 QueryOutput``: the decoder's starting content, the query position embedding, the
 reference points or boxes (logits) that position the queries, and extra model outputs.
 Strategies with references own the MLP that embeds a point or box as a query position
-(``embed``), which `vision.refinement.IterativeRefinement` uses again for later layers.
+(``embed``), which `vision.modeling.refinement.IterativeRefinement` uses again for later layers.
 
 - ``"learned"``, `LearnedQueries`: DETR's learned ``query_pos``, content zeros, no reference.
 - ``"reference"``, `ReferenceQueries`: a learned reference point per query on a grid
@@ -28,9 +28,9 @@ import keras
 from keras import ops
 
 from tfx_transformer import sine_features
-from vision.geometry import cell_anchors, grid_reference_logits
-from vision.heads import MLP
-from vision.init import torch_linear_init
+from vision.modeling.geometry import cell_anchors, grid_reference_logits
+from vision.modeling.heads import MLP
+from vision.modeling.init import torch_linear_init
 
 __all__ = ["QUERY_LAYERS", "LearnedQueries", "QueryOutput", "QueryStrategy",
            "ReferenceQueries", "TwoStageQueries", "query_layer_class"]

@@ -1,6 +1,6 @@
 """The Keras callbacks every trainer passes to `fit`: resume, checkpoints, logs, stop rules.
 
-`standard_callbacks` assembles them, with the stop rules of `tfx_transformer.bounds`
+`standard_callbacks` assembles them, with the stop rules of `tfx_transformer.training.bounds`
 (`TimeBudget` and `MaxSteps` stop a run cleanly: the trainer still exports and evaluates).
 `RunGuard` stops it with an error (a NaN loss, an epoch
 without batches) before anything of that epoch is saved, `MetricsLogger` writes the history to
@@ -27,9 +27,15 @@ from pathlib import Path
 
 import keras
 
-from tfx_transformer.bounds import MaxSteps, Progress, TimeBudget
-from tfx_transformer.distribute import is_chief, task_index
-from tfx_transformer.workdir import Workdir, read_metrics, to_json, write_metrics, write_state
+from tfx_transformer.training.bounds import MaxSteps, Progress, TimeBudget
+from tfx_transformer.training.distribute import is_chief, task_index
+from tfx_transformer.training.workdir import (
+    Workdir,
+    read_metrics,
+    to_json,
+    write_metrics,
+    write_state,
+)
 
 __all__ = ["Backup", "FaultInjection", "MetricsLogger", "NonFiniteLossError", "RunGuard",
            "inject_fault", "standard_callbacks"]

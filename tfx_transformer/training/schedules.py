@@ -62,7 +62,7 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
     (0 past the end). ``p = max((step + 1) / total_steps, progress)``: ``step`` is the
     optimizer's iteration (0 for the first update, counted as 1, so the first rate is not 0),
     ``total_steps`` the run's step bound, and ``progress`` a variable the training loop sets
-    to the share of a time budget spent (`tfx_transformer.bounds.BudgetProgress`; 0 when
+    to the share of a time budget spent (`tfx_transformer.training.bounds.BudgetProgress`; 0 when
     the run has no time budget). Both parts come from state that a resumed run restores (the
     optimizer's iterations; the recorded training time), so a resumed run carries on where it
     stopped, with no second warm-up.

@@ -5,8 +5,8 @@ images and their pixel validity mask go through the backbone; the mask is resize
 to the feature map and gives the 2-D sine position embedding; a 1x1 conv projects the
 features to ``hidden_dim``; the encoder attends over the flattened features (position added
 to queries and keys in every layer, padded keys masked); a query strategy
-(`vision.queries`) gives the decoder's starting content, query positions and reference
-points; the decoding strategy (`vision.refinement`) runs the decoder and predicts every
+(`vision.modeling.queries`) gives the decoder's starting content, query positions and reference
+points; the decoding strategy (`vision.modeling.refinement`) runs the decoder and predicts every
 layer's boxes; the shared class head gives the logits (last index = no-object).
 
 Training uses Keras ``fit``: ``compute_loss`` is the Hungarian-matched ``SetCriterion``.
@@ -20,16 +20,16 @@ import keras
 from keras import ops
 
 from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, TransformerEncoder
-from tfx_transformer.distribute import num_replicas, replica_sum
-from vision.backbone import build_backbone
-from vision.geometry import resize_mask
-from vision.heads import MLP
-from vision.init import reset_transformer_parameters, torch_linear_init
-from vision.losses import SetCriterion
-from vision.matcher import HungarianMatcher
-from vision.optimizer import DetrAdamW
-from vision.queries import query_layer_class
-from vision.refinement import make_box_decoding
+from tfx_transformer.training.distribute import num_replicas, replica_sum
+from vision.matching.losses import SetCriterion
+from vision.matching.matcher import HungarianMatcher
+from vision.modeling.backbone import build_backbone
+from vision.modeling.geometry import resize_mask
+from vision.modeling.heads import MLP
+from vision.modeling.init import reset_transformer_parameters, torch_linear_init
+from vision.modeling.queries import query_layer_class
+from vision.modeling.refinement import make_box_decoding
+from vision.training.optimizer import DetrAdamW
 
 __all__ = ["DETR", "DetrOutput", "build_criterion", "build_model"]
 
@@ -57,7 +57,8 @@ class DETR(keras.Model):
 
     Args:
         num_classes: number of object classes ``C`` (the no-object class is added).
-        backbone: a backbone layer from `vision.backbone.build_backbone` (has ``stride`` and
+        backbone: a backbone layer from `vision.modeling.backbone.build_backbone` (has ``stride``
+        and
             ``output_channels``; called as ``backbone(images, valid=...)``).
         hidden_dim: Transformer width ``d`` (a multiple of 4 and of ``num_heads``).
         num_heads: attention heads.
@@ -67,14 +68,14 @@ class DETR(keras.Model):
         num_queries: object queries ``Q``.
         norm_first: pre-norm Transformer when True (DETR's default is post-norm).
         query_type: where the object queries come from, a key of
-            `vision.queries.QUERY_LAYERS`: ``"learned"`` (DETR), ``"reference"`` (learned
-            reference points) or ``"encoder"`` (two-stage proposals); see `vision.queries`.
+            `vision.modeling.queries.QUERY_LAYERS`: ``"learned"`` (DETR), ``"reference"`` (learned
+            reference points) or ``"encoder"`` (two-stage proposals); see `vision.modeling.queries`.
         attention_radius: with a ``query_type`` that has reference points, limits each
             query's cross-attention to the feature cells within this distance (normalized
             image coordinates, per axis) of its reference point. ``None``: the whole image.
         box_refinement: each decoder layer refines the boxes of the previous one, which
             position the next layer (Deformable DETR's iterative refinement); needs
-            reference boxes (``query_type="encoder"``). See `vision.refinement`.
+            reference boxes (``query_type="encoder"``). See `vision.modeling.refinement`.
         **kwargs: base model arguments.
 
     Call arguments:
@@ -91,7 +92,7 @@ class DETR(keras.Model):
         ``(B, S, C + 1)``, ``pred_boxes`` ``(B, S, 4)`` and ``valid`` ``(B, S)`` (False for
         padded cells). ``S`` depends on the padded image size, so ``model.predict`` over
         batches of different sizes cannot concatenate them: call the model per batch (as
-        `vision.export` does) or use fixed-size batches.
+        `vision.training.export` does) or use fixed-size batches.
     """
 
     def __init__(
@@ -273,7 +274,8 @@ class DETR(keras.Model):
 
         Not needed under `tf.distribute`: without it `compute_loss` takes the replicas and
         the all-reduce from the replica context of the step
-        (`tfx_transformer.distribute.num_replicas` and ``replica_sum``). Given, ``num_replicas``
+        (`tfx_transformer.training.distribute.num_replicas` and ``replica_sum``). Given,
+        ``num_replicas``
         replaces that count and ``all_reduce_sum`` (a function summing a scalar over the
         replicas, or None for no reduction) that sum.
         """

@@ -10,8 +10,8 @@ import keras
 import optree
 from keras import ops
 
-from tfx_transformer.dot_product import scaled_dot_product_attention
-from tfx_transformer.masks import causal_mask, check_mask_rank, merge_masks
+from tfx_transformer.layers.dot_product import scaled_dot_product_attention
+from tfx_transformer.layers.masks import causal_mask, check_mask_rank, merge_masks
 
 __all__ = ["AttentionOutput", "MultiHeadAttention"]
 

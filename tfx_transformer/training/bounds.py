@@ -1,9 +1,9 @@
 """How long a run trains and what it says as it goes: the stop rules and the progress line.
 
 `TimeBudget` and `MaxSteps` stop `fit` cleanly (the trainer still exports and evaluates);
-`BudgetProgress` tells a `tfx_transformer.schedules.BudgetSchedule` the share of the time
+`BudgetProgress` tells a `tfx_transformer.training.schedules.BudgetSchedule` the share of the time
 budget spent; `Progress` prints the steps done of the run's bound and the time left;
-`plan_epochs` sizes `fit` for a step limit. `tfx_transformer.callbacks.standard_callbacks`
+`plan_epochs` sizes `fit` for a step limit. `tfx_transformer.training.callbacks.standard_callbacks`
 puts them in order.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import keras
 
-from tfx_transformer.distribute import is_chief
+from tfx_transformer.training.distribute import is_chief
 
 __all__ = ["BudgetProgress", "MaxSteps", "Progress", "TimeBudget", "plan_epochs"]
 
@@ -59,7 +59,7 @@ class TimeBudget(keras.callbacks.Callback):
 
 
 class BudgetProgress(keras.callbacks.Callback):
-    """Sets a `tfx_transformer.schedules.BudgetSchedule`'s ``progress`` to the share of the
+    """Sets a `tfx_transformer.training.schedules.BudgetSchedule`'s ``progress`` to the share of the
     time budget spent, before every step (the schedule takes the step share itself).
 
     Args:

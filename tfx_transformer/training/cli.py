@@ -29,9 +29,9 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from tfx_transformer.distribute import STRATEGIES
-from tfx_transformer.precision import MIXED_PRECISION
-from tfx_transformer.run import RunOptions
+from tfx_transformer.training.distribute import STRATEGIES
+from tfx_transformer.training.precision import MIXED_PRECISION
+from tfx_transformer.training.run import RunOptions
 
 __all__ = [
     "COMMON_RUN_FLAGS", "RUN_FLAGS", "add_override_arguments", "add_run_arguments", "fail",

@@ -27,8 +27,8 @@ from typing import Any
 import keras
 from keras import ops
 
-from vision.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
-from vision.matcher import HungarianMatcher
+from vision.matching.matcher import HungarianMatcher
+from vision.modeling.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
 
 __all__ = ["SetCriterion"]
 

@@ -7,7 +7,7 @@ import math
 import keras
 from keras import ops
 
-from tfx_transformer.masks import check_mask_rank
+from tfx_transformer.layers.masks import check_mask_rank
 
 __all__ = ["scaled_dot_product_attention"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tfx_transformer.attention import AttentionOutput
-from tfx_transformer.block import ResidualBlockLayer, block_arguments, layer_norm
-from tfx_transformer.masks import to_attention_mask
-from tfx_transformer.position import add_position
+from tfx_transformer.layers.attention import AttentionOutput
+from tfx_transformer.layers.block import ResidualBlockLayer, block_arguments, layer_norm
+from tfx_transformer.layers.masks import to_attention_mask
+from tfx_transformer.layers.position import add_position
 
 __all__ = ["TransformerDecoderLayer", "TransformerDecoder"]
 

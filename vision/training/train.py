@@ -2,7 +2,7 @@
 
 `train_detr` builds what is particular to detection (the source's batches with their object
 limit, the model, the set criterion, DETR's learning-rate drop) and leaves the rest to
-`tfx_transformer.trainer.Trainer`.
+`tfx_transformer.training.trainer.Trainer`.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ from collections.abc import Callable, Iterable
 import keras
 import tensorflow as tf
 
-from tfx_transformer.run import RunOptions
-from tfx_transformer.trainer import Trainer
+from tfx_transformer.training.run import RunOptions
+from tfx_transformer.training.trainer import Trainer
 from vision.config import DetrConfig
 from vision.data.batching import ObjectLimit, make_batches
 from vision.data.sources import load_source
-from vision.evaluate import evaluate_records
-from vision.export import export_detector, make_detect_fn
-from vision.model import build_criterion, build_model
-from vision.optimizer import build_optimizer
+from vision.modeling.detr import build_criterion, build_model
+from vision.training.evaluate import evaluate_records
+from vision.training.export import export_detector, make_detect_fn
+from vision.training.optimizer import build_optimizer
 
 __all__ = ["LearningRateDrop", "train_detr"]
 
@@ -36,7 +36,7 @@ class LearningRateDrop(keras.callbacks.Callback):
     then 0.1 times it. A run bounded by ``max_steps`` or a ``time_budget`` (minutes) drops it
     as well once ``drop_fraction`` of that bound is spent (steps taken, or wall-clock time
     since training began), whichever comes first: such runs stop long before ``drop_epoch``.
-    `vision.optimizer.DetrAdamW` scales the backbone's rate with it. Steps count from the
+    `vision.training.optimizer.DetrAdamW` scales the backbone's rate with it. Steps count from the
     optimizer's iterations (read at each epoch's start, after `BackupAndRestore` restored
     them), so a resumed run keeps its place; the time of a resumed run counts from its own
     start, as its ``--time-budget`` does. Wall-clock drops are per process: with several
@@ -139,12 +139,12 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         (empty when there is no validation split, and on non-chief workers).
 
     A finished run rerun with nothing more to do returns its recorded scores and changes
-    nothing (`tfx_transformer.trainer.Trainer`).
+    nothing (`tfx_transformer.training.trainer.Trainer`).
 
     Raises:
         ValueError: bad data or options (no training images among them), a broken file in
             the work directory, or a NaN loss
-            (`tfx_transformer.callbacks.NonFiniteLossError`).
+            (`tfx_transformer.training.callbacks.NonFiniteLossError`).
         vision.data.batching.TooManyObjectsError: an image with more objects than
             ``config.num_queries`` (DETR needs a query per object); a `ValueError`.
     """

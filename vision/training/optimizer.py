@@ -16,7 +16,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from tfx_transformer.distribute import clip_by_global_norm_of_sum, num_replicas
+from tfx_transformer.training.distribute import clip_by_global_norm_of_sum, num_replicas
 
 __all__ = ["DetrAdamW", "build_optimizer"]
 
@@ -123,7 +123,7 @@ def build_optimizer(config, model) -> DetrAdamW:
     Args:
         config: learning rate, backbone multiplier, weight decay, epsilon and clipping norm
             are read from it (checked by `DetrConfig` itself).
-        model: a `vision.model.DETR`; its ``backbone_variables`` get the backbone rate.
+        model: a `vision.modeling.detr.DETR`; its ``backbone_variables`` get the backbone rate.
 
     Returns:
         A `DetrAdamW` with the backbone variables set.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import keras
 
-from tfx_transformer.attention import MultiHeadAttention
-from tfx_transformer.feedforward import FeedForward
+from tfx_transformer.layers.attention import MultiHeadAttention
+from tfx_transformer.layers.feedforward import FeedForward
 
 __all__ = ["ResidualBlockLayer", "block_arguments", "layer_norm"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 
-from vision.init import torch_linear_init
+from vision.modeling.init import torch_linear_init
 
 __all__ = ["MLP"]
 

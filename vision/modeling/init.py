@@ -2,7 +2,7 @@
 
 DETR initializes its heads with PyTorch's ``nn.Linear`` / ``nn.Conv2d`` defaults and its
 Transformer with ``xavier_uniform_`` on every weight matrix (``Transformer._reset_parameters``).
-Keras's defaults differ (Glorot with Keras's fans, zero biases), so `vision.model.DETR` and
+Keras's defaults differ (Glorot with Keras's fans, zero biases), so `vision.modeling.detr.DETR` and
 its heads use these instead. ``keras.ops`` / ``keras.random`` only.
 """
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import keras
 
-from tfx_transformer.block import ResidualBlockLayer, block_arguments, layer_norm
-from tfx_transformer.masks import key_padding_mask
-from tfx_transformer.position import add_position
+from tfx_transformer.layers.block import ResidualBlockLayer, block_arguments, layer_norm
+from tfx_transformer.layers.masks import key_padding_mask
+from tfx_transformer.layers.position import add_position
 
 __all__ = ["TransformerEncoderLayer", "TransformerEncoder"]
 

@@ -1,0 +1,46 @@
+"""The shared Transformer layers: ``keras.ops`` only, so they run under any Keras backend.
+
+Nothing here imports TensorFlow (a test fails on any such import); training plumbing lives in
+`tfx_transformer.training`.
+"""
+
+from tfx_transformer.layers.attention import AttentionOutput, MultiHeadAttention
+from tfx_transformer.layers.decoder import TransformerDecoder, TransformerDecoderLayer
+from tfx_transformer.layers.dot_product import scaled_dot_product_attention
+from tfx_transformer.layers.encoder import TransformerEncoder, TransformerEncoderLayer
+from tfx_transformer.layers.feedforward import FeedForward
+from tfx_transformer.layers.masks import (
+    causal_mask,
+    key_padding_mask,
+    merge_masks,
+    padding_mask,
+    to_attention_mask,
+)
+from tfx_transformer.layers.position import (
+    LearnedPositionEmbedding,
+    SinePositionEmbedding2D,
+    SinusoidalPositionEncoding,
+    add_position,
+    sine_features,
+)
+
+__all__ = [
+    "AttentionOutput",
+    "FeedForward",
+    "LearnedPositionEmbedding",
+    "MultiHeadAttention",
+    "SinePositionEmbedding2D",
+    "SinusoidalPositionEncoding",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
+    "add_position",
+    "causal_mask",
+    "key_padding_mask",
+    "merge_masks",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "sine_features",
+    "to_attention_mask",
+]

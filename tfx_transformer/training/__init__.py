@@ -1,0 +1,13 @@
+"""What both trainers share: TensorFlow is allowed here, and only here in `tfx_transformer`.
+
+- `run`: `RunOptions`, the options of one run; `trainer`: `Trainer`, which drives a task
+  through fit, export, evaluation and ``metrics.json``.
+- `distribute` (strategies, cross-replica sums), `precision` (dtype policies), `bounds` (time
+  and step limits, the progress line), `callbacks` (resume, checkpoints, logs, guards),
+  `checkpoints` (averaging, the best epoch), `workdir` (the work directory and its records),
+  `schedules` (learning-rate schedules), `cli` (the scripts' shared flags).
+
+Modules are imported on use, so importing this package loads no TensorFlow.
+"""
+
+__all__: list[str] = []

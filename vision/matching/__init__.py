@@ -1,0 +1,4 @@
+"""The set loss: `assignment` (exact solvers), `matcher` (``HungarianMatcher``) and `losses`
+(``SetCriterion``, the proposal losses)."""
+
+__all__: list[str] = []
