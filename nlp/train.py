@@ -1,7 +1,8 @@
 """Training a translator end to end: tokenizer, batches, fit, export, held-out BLEU.
 
-`train_nmt` builds what is particular to translation (tokenizer, token-bucketed batches, the
-Noam-scheduled model) and leaves the rest to `tfx_transformer.training.trainer.Trainer`.
+`TranslationTask` is what is particular to translation (tokenizer, token-bucketed batches, the
+scheduled model, validation BLEU, averaged weights, the export and held-out BLEU);
+`train_nmt` hands it to `tfx_transformer.training.trainer.Trainer`, which runs the rest.
 """
 
 from __future__ import annotations
@@ -27,13 +28,12 @@ from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
 from nlp.tokenizer import Tokenizer, train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
-from tfx_transformer.training.bounds import BudgetProgress
 from tfx_transformer.training.checkpoints import choose_weights
 from tfx_transformer.training.run import RunOptions
-from tfx_transformer.training.trainer import Trainer
+from tfx_transformer.training.trainer import TaskData, Trainer
 
-__all__ = ["DEFAULT_EPOCHS", "build_tokenizer", "compile_model", "count_batches", "make_schedule",
-           "train_nmt"]
+__all__ = ["DEFAULT_EPOCHS", "TranslationTask", "build_tokenizer", "compile_model",
+           "count_batches", "make_schedule", "train_nmt"]
 
 DEFAULT_EPOCHS = 10  # when the run sets neither epochs nor a step or time bound
 NUM_SAMPLES = 5  # held-out translations recorded in metrics.json
@@ -151,7 +151,7 @@ def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_
 
 def make_schedule(config: NMTConfig, total_steps: int | None = None, timed: bool = False):
     """``config.schedule``: `BudgetSchedule` over ``total_steps`` and, when ``timed``, the
-    run's time budget (through `tfx_transformer.training.bounds.BudgetProgress`); or
+    run's time budget (the trainer's `tfx_transformer.training.bounds.ScheduleProgress`); or
     `NoamSchedule`, also for a budget schedule of a run whose length is not known (neither
     ``total_steps`` nor ``timed``)."""
     if config.schedule == "noam" or (total_steps is None and not timed):
@@ -171,6 +171,121 @@ def compile_model(model, config: NMTConfig, jit_compile: bool = True,
         jit_compile=jit_compile,
     )
     return schedule
+
+
+class TranslationTask:
+    """Translation as a `tfx_transformer.training.trainer.Task`: what `train_nmt` runs.
+
+    Args:
+        data: ``embedded``, ``tsv:PATH`` or ``tfds:NAME``.
+        config: the model, training and decoding settings (`nlp.config.preset`).
+        run: the run options (the held-out share, seed, ``eval_limit``, ``jit_compile``).
+        log: where progress lines go.
+    """
+
+    default_epochs = DEFAULT_EPOCHS
+    state_files = ("tokenizer.model",)
+
+    def __init__(self, data: str, config: NMTConfig, run: RunOptions,
+                 log: Callable[..., None] = print):
+        self.data, self.config, self.run, self.log = data, config, run, log
+
+    def load_data(self, trainer: Trainer) -> TaskData:
+        """The pairs, the tokenizer (trained, or the work directory's) and the batches."""
+        data, config, run, log = self.data, self.config, self.run, self.log
+        self.train_pairs = load_pairs(data, "train", valid_fraction=run.valid_fraction,
+                                      seed=run.seed)
+        self.valid_pairs = load_pairs(data, "valid", valid_fraction=run.valid_fraction,
+                                      seed=run.seed)
+        if not self.train_pairs:
+            raise ValueError(f"--data {data}: no training pairs.")
+        log(f"data: {len(self.train_pairs)} training pairs, {len(self.valid_pairs)} held out")
+        counts = {}
+
+        def count(tokenizer) -> None:  # before the pipeline is built and the tokenizer saved
+            counts["train"] = count_batches(self.train_pairs, tokenizer, config.batch_tokens,
+                                            config.max_length)
+            if not counts["train"][0]:
+                raise ValueError(
+                    f"--data {data}: all {len(self.train_pairs)} training pairs are longer "
+                    f"than max_length={config.max_length} tokens (source + eos or bos + "
+                    "target), so none is left to train on; raise `max_length`")
+            counts["valid"] = count_batches(self.valid_pairs, tokenizer, config.batch_tokens,
+                                            config.max_length)
+
+        self.tokenizer = build_tokenizer(str(trainer.workdir.root / "tokenizer.model"),
+                                         self.train_pairs, config.vocab_size, log, check=count)
+        (self.kept, self.dropped, train_steps), valid_steps = counts["train"], counts["valid"][2]
+        self.train_batches = train_steps
+
+        def batches(pairs, shuffle, steps):
+            ds = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs],
+                                                     [t for _, t in pairs]))
+            ds = make_batches(ds, self.tokenizer, config.batch_tokens, config.max_length,
+                              shuffle=shuffle, seed=run.seed,
+                              pad_to_bucket_boundary=run.jit_compile,
+                              num_replicas=trainer.replicas)[0]
+            # A known length: Keras then ends each epoch there, without "ran out of data".
+            return ds.apply(tf.data.experimental.assert_cardinality(steps))
+
+        valid = batches(self.valid_pairs, False, valid_steps) if valid_steps else None
+        return TaskData(batches(self.train_pairs, True, train_steps), valid, train_steps)
+
+    def build_model(self, trainer: Trainer, data: TaskData) -> keras.Model:
+        """The `Seq2SeqTransformer`, compiled (`compile_model`) on the run's schedule."""
+        config, run = self.config, self.run
+        total_steps = trainer.total_steps(DEFAULT_EPOCHS, data.steps_per_epoch)
+        model = build_model(config, vocab_size=self.tokenizer.vocab_size)
+        schedule = compile_model(model, config, jit_compile=run.jit_compile,
+                                 total_steps=total_steps, timed=run.time_budget is not None)
+        self.log(f"model: {config.name}, {model.count_params():,} parameters")
+        if isinstance(schedule, BudgetSchedule):
+            bound = " and ".join(filter(None, [
+                f"{total_steps} steps" if total_steps else "",
+                f"{run.time_budget:g} min" if run.time_budget else ""]))
+            self.log(f"schedule: warm-up over {config.warmup_share:.0%} of {bound} to "
+                     f"{config.peak_learning_rate:.2e}, then linear decay to 0")
+        return model
+
+    def callbacks(self, trainer: Trainer, model: keras.Model) -> list:
+        """Per-epoch validation BLEU (``valid_sentences``, on with ``patience``), patience."""
+        config, watch = self.config, []
+        sentences = config.valid_sentences or (100 if config.patience is not None else 0)
+        validating = sentences > 0 and bool(self.valid_pairs)
+        if validating:
+            watch.append(ValidationScores(self.tokenizer, self.valid_pairs, limit=sentences))
+        if config.patience is not None:
+            if not validating:
+                raise ValueError("`patience` needs held-out pairs (it stops on their val_bleu)")
+            watch.append(Patience(trainer.workdir, config.patience, log=self.log))
+        return watch
+
+    def final_weights(self, trainer: Trainer, model: keras.Model) -> str:
+        """The mean of the last epochs' weights (``average_last``), or the best epoch."""
+        monitor = "val_bleu" if self.config.patience is not None else None
+        return choose_weights(model, trainer.workdir, self.config.average_last, monitor)
+
+    def export(self, model: keras.Model, path) -> None:
+        export_translator(model, self.tokenizer, path, self.config.decoding)
+
+    def evaluate(self, model: keras.Model) -> dict:
+        """Held-out BLEU, chrF and exact match (sacrebleu), samples, data and config."""
+        config, run = self.config, self.run
+        translate = tf.function(make_translate_fn(model, self.tokenizer, config.decoding))
+        pairs = self.valid_pairs
+        held_out = pairs if run.eval_limit is None else pairs[:run.eval_limit]
+        scores, hypotheses = evaluate(translate, held_out) if held_out else ({}, [])
+        samples = [{"source": s, "reference": t, "translation": h}
+                   for (s, t), h in list(zip(held_out, hypotheses))[:NUM_SAMPLES]]
+        return {
+            "valid": scores,
+            "samples": samples,
+            "data": {"spec": self.data, "train_pairs": len(self.train_pairs),
+                     "valid_pairs": len(pairs), "kept": self.kept, "dropped": self.dropped,
+                     "train_batches": self.train_batches},
+            "config": {"preset": config.name, **dataclasses.asdict(config),
+                       "vocab_size": self.tokenizer.vocab_size},
+        }
 
 
 def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: RunOptions,
@@ -210,92 +325,4 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
             malformed file, unknown scheme), a broken file in the work directory, or a NaN
             loss (`tfx_transformer.training.callbacks.NonFiniteLossError`).
     """
-    trainer = Trainer(workdir, run, log, state_files=("tokenizer.model",))
-    trainer.check_data(data)
-    done = trainer.finished(DEFAULT_EPOCHS)
-    if done is not None:
-        return done
-    train_pairs = load_pairs(data, "train", valid_fraction=run.valid_fraction, seed=run.seed)
-    valid_pairs = load_pairs(data, "valid", valid_fraction=run.valid_fraction, seed=run.seed)
-    if not train_pairs:
-        raise ValueError(f"--data {data}: no training pairs.")
-    log(f"data: {len(train_pairs)} training pairs, {len(valid_pairs)} held out")
-    counts = {}
-
-    def count(tokenizer) -> None:  # before the pipeline is built and the tokenizer saved
-        counts["train"] = count_batches(train_pairs, tokenizer, config.batch_tokens,
-                                        config.max_length)
-        if not counts["train"][0]:
-            raise ValueError(
-                f"--data {data}: all {len(train_pairs)} training pairs are longer than "
-                f"max_length={config.max_length} tokens (source + eos or bos + target), so "
-                "none is left to train on; raise `max_length`")
-        counts["valid"] = count_batches(valid_pairs, tokenizer, config.batch_tokens,
-                                        config.max_length)
-
-    tokenizer = build_tokenizer(str(trainer.workdir.root / "tokenizer.model"), train_pairs,
-                                config.vocab_size, log, check=count)
-    (kept, dropped, train_steps), valid_steps = counts["train"], counts["valid"][2]
-
-    def batches(pairs, shuffle, steps):
-        ds = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs], [t for _, t in pairs]))
-        ds = make_batches(ds, tokenizer, config.batch_tokens, config.max_length,
-                          shuffle=shuffle, seed=run.seed,
-                          pad_to_bucket_boundary=run.jit_compile,
-                          num_replicas=trainer.replicas)[0]
-        # A known length: Keras then ends each epoch there, without "ran out of data".
-        return ds.apply(tf.data.experimental.assert_cardinality(steps))
-
-    train_ds = batches(train_pairs, True, train_steps)
-    valid_ds = batches(valid_pairs, False, valid_steps) if valid_steps else None
-    total_steps = trainer.total_steps(DEFAULT_EPOCHS, train_steps)
-    with trainer.strategy.scope():
-        model = build_model(config, vocab_size=tokenizer.vocab_size)
-        schedule = compile_model(model, config, jit_compile=run.jit_compile,
-                                 total_steps=total_steps, timed=run.time_budget is not None)
-    log(f"model: {config.name}, {model.count_params():,} parameters")
-    watch = []
-    if isinstance(schedule, BudgetSchedule):
-        bound = " and ".join(filter(None, [
-            f"{total_steps} steps" if total_steps else "",
-            f"{run.time_budget:g} min" if run.time_budget else ""]))
-        log(f"schedule: warm-up over {config.warmup_share:.0%} of {bound} to "
-            f"{config.peak_learning_rate:.2e}, then linear decay to 0")
-        if run.time_budget is not None:
-            watch.append(BudgetProgress(schedule, run.time_budget, trainer.fit_seconds))
-    sentences = config.valid_sentences or (100 if config.patience is not None else 0)
-    validating = sentences > 0 and bool(valid_pairs)
-    if validating:
-        watch.append(ValidationScores(tokenizer, valid_pairs, limit=sentences))
-    if config.patience is not None:
-        if not validating:
-            raise ValueError("`patience` needs held-out pairs (it stops on their val_bleu)")
-        watch.append(Patience(trainer.workdir, config.patience, log=log))
-
-    def final_weights() -> None:
-        monitor = "val_bleu" if config.patience is not None else None
-        log("final weights: " + choose_weights(model, trainer.workdir, config.average_last,
-                                               monitor))
-
-    def evaluate_held_out() -> dict:
-        translate = tf.function(make_translate_fn(model, tokenizer, config.decoding))
-        held_out = valid_pairs if run.eval_limit is None else valid_pairs[:run.eval_limit]
-        scores, hypotheses = evaluate(translate, held_out) if held_out else ({}, [])
-        samples = [{"source": s, "reference": t, "translation": h}
-                   for (s, t), h in list(zip(held_out, hypotheses))[:NUM_SAMPLES]]
-        return {
-            "valid": scores,
-            "samples": samples,
-            "data": {"spec": data, "train_pairs": len(train_pairs),
-                     "valid_pairs": len(valid_pairs), "kept": kept, "dropped": dropped,
-                     "train_batches": train_steps},
-            "config": {"preset": config.name, **dataclasses.asdict(config),
-                       "vocab_size": tokenizer.vocab_size},
-        }
-
-    return trainer.train(
-        model, train_ds, valid_ds, default_epochs=DEFAULT_EPOCHS,
-        export=lambda path: export_translator(model, tokenizer, path, config.decoding),
-        evaluate=evaluate_held_out, steps_per_epoch=train_steps, first_callbacks=watch,
-        callbacks=callbacks, choose_weights=final_weights,
-    )
+    return Trainer(workdir, run, log).fit(TranslationTask(data, config, run, log), callbacks)

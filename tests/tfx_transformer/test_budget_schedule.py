@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tfx_transformer import BudgetSchedule
-from tfx_transformer.training.bounds import BudgetProgress
+from tfx_transformer.training.bounds import ScheduleProgress
 from tfx_transformer.training.callbacks import Backup
 
 PEAK = 2e-3
@@ -49,11 +49,18 @@ def test_time_share_takes_over_when_it_is_ahead():
     assert lr(timed, 123) == pytest.approx(PEAK * 0.75, rel=1e-6)
 
 
-def test_budget_progress_counts_earlier_training_time():
+class _Holder:
+    """Stands for the model: the callback only needs its optimizer."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+def test_schedule_progress_counts_earlier_training_time_and_the_epoch():
     schedule = BudgetSchedule(PEAK, total_steps=None, warmup_share=0.1)
     now = [100.0]
-    progress = BudgetProgress(schedule, minutes=10.0, offset_seconds=120.0,
-                              clock=lambda: now[0])
+    progress = ScheduleProgress(minutes=10.0, offset_seconds=120.0, clock=lambda: now[0])
+    progress.set_model(_Holder(keras.optimizers.Adam(schedule)))
     progress.on_train_begin()
     assert float(schedule.progress.numpy()) == pytest.approx(0.2)  # 2 of 10 minutes
     now[0] += 60.0
@@ -62,6 +69,18 @@ def test_budget_progress_counts_earlier_training_time():
     now[0] += 1e6
     progress.on_train_batch_begin(1)
     assert float(schedule.progress.numpy()) == 1.0
+    progress.on_epoch_begin(4)
+    assert int(schedule.epoch.numpy()) == 4
+    logs = {}
+    progress.on_epoch_end(4, logs)  # the rate at share 1.0: the end of the decay
+    assert logs["learning_rate"] == 0.0
+    # A plain rate is left alone and still recorded.
+    plain = ScheduleProgress(minutes=10.0, clock=lambda: now[0])
+    plain.set_model(_Holder(keras.optimizers.Adam(3e-4)))
+    plain.on_train_begin()
+    logs = {}
+    plain.on_epoch_end(0, logs)
+    assert logs["learning_rate"] == pytest.approx(3e-4)
 
 
 def test_config_round_trip_and_bad_values():

@@ -1,4 +1,5 @@
-"""Tests for tfx_transformer.training.trainer.Trainer: the skeleton both applications train with."""
+"""Tests for tfx_transformer.training.trainer: `Trainer(workdir, run).fit(task)`, the run both
+applications train with."""
 
 import json
 import os
@@ -10,7 +11,7 @@ import tensorflow as tf
 
 from tfx_transformer.training.callbacks import NonFiniteLossError
 from tfx_transformer.training.run import RunOptions
-from tfx_transformer.training.trainer import Trainer
+from tfx_transformer.training.trainer import TaskData, Trainer
 from tfx_transformer.training.workdir import read_metrics, read_state
 
 X = np.arange(48, dtype="float32").reshape(12, 4) / 48.0
@@ -39,37 +40,113 @@ class Events(keras.callbacks.Callback):
         self.log.append(f"{self.name}: end")
 
 
-def test_train_fits_exports_evaluates_and_writes_once(tmp_path):
+class ToyTask:
+    """A regression task with every hook; ``events`` records what the trainer calls."""
+
+    state_files = ("tokenizer.model",)
+
+    def __init__(self, events, data="embedded", default_epochs=2, crash_in=None,
+                 steps_per_epoch=3, extra=(), final=False):
+        self.events, self.data, self.default_epochs = events, data, default_epochs
+        self.crash_in, self.steps, self.extra = crash_in, steps_per_epoch, list(extra)
+        if final:
+            self.final_weights = self._final_weights
+
+    def load_data(self, trainer):
+        self.events.append("load_data")
+        return TaskData(_data(), _data(), self.steps)
+
+    def build_model(self, trainer, data):
+        self.events.append(f"build_model in {type(tf.distribute.get_strategy()).__name__}")
+        return _model()
+
+    def callbacks(self, trainer, model):
+        task = self
+
+        class Steps(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                task.events.append("step")
+                if task.crash_in == "training" and int(self.model.optimizer.iterations) == 4:
+                    raise Crash
+
+        return [Steps(), *self.extra]
+
+    def _final_weights(self, trainer, model):
+        self.events.append("final_weights")
+        return "the last epoch"
+
+    def export(self, model, path):
+        self.events.append("export")
+        if self.crash_in == "export":
+            raise Crash
+        path.mkdir(exist_ok=True)
+        (path / "steps").write_text(str(int(model.optimizer.iterations)))
+
+    def evaluate(self, model):
+        self.events.append("evaluate")
+        if self.crash_in == "evaluate":
+            raise Crash
+        if self.crash_in == "check":
+            raise ValueError("image 7 has too many objects")
+        return {"valid": {"steps": int(model.optimizer.iterations),
+                          "loss": float(model.evaluate(X, Y, verbose=0))}, "data": {"n": 12}}
+
+
+class Crash(Exception):
+    """Stands for a kill: nothing of the trainer runs after it."""
+
+
+def test_fit_loads_builds_fits_exports_evaluates_and_writes_once(tmp_path):
     events = []
-    trainer = Trainer(tmp_path, RunOptions(max_steps=4, seed=3), log=events.append)
-    assert trainer.replicas == 1 and trainer.workdir.checkpoints.is_dir()
-    with trainer.strategy.scope():
-        model = _model()
-
-    def evaluate():
-        events.append("evaluate")
-        loss = model.evaluate(X, Y, verbose=0)
-        return {"valid": {"loss": loss}, "data": {"n": 12}}
-
-    scores = trainer.train(
-        model, _data(), _data(), default_epochs=50, steps_per_epoch=3,
-        export=lambda path: events.append(f"export to {path.name}"), evaluate=evaluate,
-        first_callbacks=[Events(events, "first")], callbacks=[Events(events, "last")],
-        checks=[lambda: events.append("check")])
-    assert int(model.optimizer.iterations) == 4  # max_steps, over 2 planned epochs of 3
-    assert events == ["first: begin", "last: begin", "first: end", "last: end", "check",
-                      "export to export", f"export: {tmp_path / 'export'} (4 steps)",
-                      "evaluate", "check"]
-    assert scores == {"loss": pytest.approx(float(np.mean((model.predict(X, verbose=0) - Y)
-                                                          ** 2)), rel=1e-5)}
+    task = ToyTask(events, default_epochs=50, final=True,
+                   extra=[Events(events, "task")])
+    scores = Trainer(tmp_path, RunOptions(max_steps=4, seed=3), log=events.append).fit(
+        task, callbacks=[Events(events, "last")])
+    assert [e for e in events if e != "step"] == [
+        "load_data", "build_model in _DefaultDistributionStrategy", "task: begin",
+        "last: begin", "task: end", "last: end", "final_weights",
+        "final weights: the last epoch", "export", f"export: {tmp_path / 'export'} (4 steps)",
+        "evaluate"]
+    assert events.count("step") == 4  # max_steps, over 2 planned epochs of 3
+    model_loss = scores.pop("loss")
+    assert scores == {"steps": 4} and model_loss >= 0
     metrics = read_metrics(tmp_path)
-    assert metrics["valid"] == scores and metrics["data"] == {"n": 12}
+    assert metrics["valid"]["steps"] == 4 and metrics["data"] == {"n": 12}
     assert metrics["train"]["stopped_by"] == "max_steps=4 reached"
-    assert [e["epoch"] for e in metrics["history"]] == [1, 2]
-    assert "val_loss" in metrics["history"][0] and metrics["train_seconds"] >= 0
+    history = metrics["history"]
+    assert [e["epoch"] for e in history] == [1, 2]
+    assert "val_loss" in history[0] and metrics["train_seconds"] >= 0
+    assert [e["learning_rate"] for e in history] == pytest.approx([0.1, 0.1])  # recorded
     state = json.loads((tmp_path / "run.json").read_text())
     assert (state["phase"], state["epochs"], state["steps"], state["export_steps"]) == (
         "finished", 2, 4, 4)
+
+
+def test_the_trainer_tells_a_run_schedule_the_share_of_the_time_budget(tmp_path, monkeypatch):
+    from tfx_transformer.training.schedules import BudgetSchedule
+
+    seen = []
+
+    class Scheduled(ToyTask):
+        def build_model(self, trainer, data):
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            self.schedule = BudgetSchedule(0.1, total_steps=None, warmup_share=0.0)
+            model.compile(optimizer=keras.optimizers.SGD(self.schedule), loss="mse")
+            return model
+
+        def callbacks(self, trainer, model):
+            task = self
+
+            class Watch(keras.callbacks.Callback):
+                def on_train_batch_begin(self, batch, logs=None):
+                    seen.append(float(task.schedule.progress.numpy()))
+
+            return [Watch()]
+
+    # An earlier process of the run spent 3 of the 10 minutes: progress starts at 0.3.
+    (tmp_path / "run.json").write_text(json.dumps({"phase": "training", "fit_seconds": 180.0}))
+    Trainer(tmp_path, RunOptions(time_budget=10.0, max_steps=3)).fit(Scheduled([]))
+    assert len(seen) == 3 and all(0.3 <= share < 0.35 for share in seen), seen
 
 
 def test_seed_and_precision_are_set_before_the_model_is_built(tmp_path):
@@ -84,37 +161,31 @@ def test_seed_and_precision_are_set_before_the_model_is_built(tmp_path):
     assert not np.array_equal(_model().get_weights()[0], weights[0])
 
 
-def test_a_failed_check_stops_before_export(tmp_path):
-    trainer = Trainer(tmp_path, RunOptions(epochs=1))
-    exported = []
+def test_a_task_callback_that_raises_stops_before_export(tmp_path):
+    class Check(keras.callbacks.Callback):
+        def on_train_end(self, logs=None):  # as the detector's object limit does
+            raise ValueError("image 7 has too many objects")
 
-    def check():
-        raise ValueError("image 7 has too many objects")
-
+    events = []
     with pytest.raises(ValueError, match="image 7"):
-        trainer.train(_model(), _data(), default_epochs=1, export=exported.append,
-                      evaluate=lambda: {"valid": {}}, checks=[check])
-    assert exported == [] and "valid" not in read_metrics(tmp_path)
+        Trainer(tmp_path, RunOptions(epochs=1)).fit(ToyTask(events, extra=[Check()]))
+    assert "export" not in events and "valid" not in read_metrics(tmp_path)
 
 
 def test_non_chief_workers_fit_but_neither_export_nor_evaluate(tmp_path, monkeypatch):
     trainer = Trainer(tmp_path, RunOptions(epochs=2))  # strategy before TF_CONFIG is read
     config = {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(config))
-    model = _model()
-    done = trainer.train(model, _data(), default_epochs=1, export=pytest.fail,
-                         evaluate=pytest.fail)
-    assert done == {} and int(model.optimizer.iterations) == 6  # run.epochs wins: 2 x 3
+    events = []
+    assert trainer.fit(ToyTask(events, default_epochs=1, final=True)) == {}
+    assert events.count("step") == 6  # run.epochs wins: 2 x 3
+    assert not {"final_weights", "export", "evaluate"} & set(events)
     assert not (tmp_path / "metrics.json").exists()
 
 
 def test_run_must_be_run_options(tmp_path):
     with pytest.raises(TypeError, match="RunOptions"):
         Trainer(tmp_path, {"epochs": 1})
-
-
-class Crash(Exception):
-    """Stands for a kill: nothing of the trainer runs after it."""
 
 
 def _snapshot(root):
@@ -124,36 +195,13 @@ def _snapshot(root):
 
 
 def _run(workdir, events, crash_in=None, data="embedded", **options):
-    """One run of the skeleton, as a script would do it; the export records the steps."""
-    trainer = Trainer(workdir, RunOptions(**options), log=events.append)
-    trainer.check_data(data)
-    done = trainer.finished(default_epochs=2)
-    if done is not None:
-        return done
-    with trainer.strategy.scope():
-        model = _model()
+    """One run, as a script would do it; the export records the steps."""
+    return Trainer(workdir, RunOptions(**options), log=events.append).fit(
+        ToyTask(events, data=data, crash_in=crash_in))
 
-    def export(path):
-        events.append("export")
-        if crash_in == "export":
-            raise Crash
-        path.mkdir(exist_ok=True)
-        (path / "steps").write_text(str(int(model.optimizer.iterations)))
 
-    def evaluate():
-        events.append("evaluate")
-        if crash_in == "evaluate":
-            raise Crash
-        return {"valid": {"steps": int(model.optimizer.iterations)}}
-
-    class Steps(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            events.append("step")
-            if crash_in == "training" and int(self.model.optimizer.iterations) == 4:
-                raise Crash
-
-    return trainer.train(model, _data(), default_epochs=2, steps_per_epoch=3, export=export,
-                         evaluate=evaluate, callbacks=[Steps()])
+def _steps(scores):
+    return {"steps": scores["steps"]} if scores else scores
 
 
 @pytest.mark.parametrize("phase", ["training", "export", "evaluate"])
@@ -163,7 +211,7 @@ def test_a_run_killed_in_any_phase_resumes_there(tmp_path, phase):
         _run(tmp_path, events, crash_in=phase)
     crashed_steps = events.count("step")
     events.clear()
-    assert _run(tmp_path, events) == {"steps": 6}  # the lineage of an uninterrupted run
+    assert _steps(_run(tmp_path, events)) == {"steps": 6}  # the lineage of an uninterrupted run
     assert (tmp_path / "export" / "steps").read_text() == "6"
     # Training resumes from epoch 2's start; a finished fit is not redone.
     assert events.count("step") == {"training": 3, "export": 0, "evaluate": 0}[phase]
@@ -176,16 +224,16 @@ def test_a_run_killed_in_any_phase_resumes_there(tmp_path, phase):
 
 def test_a_finished_run_rerun_changes_nothing_and_a_longer_one_continues(tmp_path):
     events = []
-    assert _run(tmp_path, events) == {"steps": 6}
+    assert _steps(_run(tmp_path, events)) == {"steps": 6}
     before = _snapshot(tmp_path)
     events.clear()
-    assert _run(tmp_path, events) == {"steps": 6}
+    assert _steps(_run(tmp_path, events)) == {"steps": 6}
     assert _snapshot(tmp_path) == before
-    assert len(events) == 1 and "finished earlier (2 epochs, 6 steps)" in events[0]
-    assert _run(tmp_path, events, max_steps=5) == {"steps": 6}  # 6 >= 5: nothing to add
+    assert len(events) == 1 and "finished earlier (2 epochs, 6 steps)" in events[0]  # no data
+    assert _steps(_run(tmp_path, events, max_steps=5)) == {"steps": 6}  # 6 >= 5: nothing to add
     assert _snapshot(tmp_path) == before
     events.clear()
-    assert _run(tmp_path, events, epochs=3) == {"steps": 9}  # epoch 3 only
+    assert _steps(_run(tmp_path, events, epochs=3)) == {"steps": 9}  # epoch 3 only
     assert events.count("step") == 3 and (tmp_path / "export" / "steps").read_text() == "9"
     names = sorted(os.listdir(tmp_path / "checkpoints"))
     assert names == [f"epoch-00{i}.weights.h5" for i in (1, 2, 3)]
@@ -199,16 +247,20 @@ def test_restart_moves_the_earlier_run_aside_and_keeps_its_export(tmp_path):
     (tmp_path / "tokenizer.model").write_text("old")
     old_metrics = (tmp_path / "metrics.json").read_bytes()
     events.clear()
-    trainer = Trainer(tmp_path, RunOptions(restart=True), log=events.append,
-                      state_files=("tokenizer.model",))
+    with pytest.raises(Crash):  # the restarted run's first export
+        _run(tmp_path, events, crash_in="export", restart=True)
+    moved = events[0]
     logs = "logs, " if (tmp_path / "previous-1" / "logs").exists() else ""  # TensorBoard's
-    assert events == [f"restart: moved the earlier run's checkpoints, backup, {logs}"
-                      f"metrics.json, run.json, tokenizer.model to {tmp_path / 'previous-1'} "
-                      "(export/ stays until the new export replaces it)"]
+    assert moved == (f"restart: moved the earlier run's checkpoints, backup, {logs}"
+                     f"metrics.json, run.json, tokenizer.model to {tmp_path / 'previous-1'} "
+                     "(export/ stays until the new export replaces it)")
     assert (tmp_path / "previous-1" / "metrics.json").read_bytes() == old_metrics
+    assert (tmp_path / "previous-1" / "tokenizer.model").read_text() == "old"
     assert (tmp_path / "export" / "steps").read_text() == "6"
-    assert trainer.finished(2) is None and not (tmp_path / "run.json").exists()
-    assert sorted(os.listdir(tmp_path)) == ["checkpoints", "export", "logs", "previous-1"]
+    assert read_state(tmp_path)["phase"] == "trained"  # the new run's own run.json
+    assert sorted(os.listdir(tmp_path)) == ["backup", "checkpoints", "export", "logs",
+                                            "metrics.json", "previous-1", "run.json"]
+    assert "valid" not in read_metrics(tmp_path)  # the new run's history only
 
 
 def test_a_nan_loss_is_an_error_that_exports_nothing(tmp_path, monkeypatch):
@@ -224,10 +276,10 @@ def test_a_nan_loss_is_an_error_that_exports_nothing(tmp_path, monkeypatch):
 
 
 def test_empty_training_data_fails_before_fit(tmp_path):
-    trainer = Trainer(tmp_path, RunOptions(max_steps=3))
+    events = []
     with pytest.raises(ValueError, match="no training batches"):
-        trainer.train(_model(), _data(), default_epochs=1, steps_per_epoch=0,
-                      export=pytest.fail, evaluate=pytest.fail)
+        Trainer(tmp_path, RunOptions(max_steps=3)).fit(ToyTask(events, steps_per_epoch=0))
+    assert events == ["load_data"]
     assert not any((tmp_path / "checkpoints").iterdir()) and not (tmp_path / "run.json").exists()
 
 
@@ -240,8 +292,10 @@ def test_empty_training_data_fails_before_fit(tmp_path):
 def test_a_broken_workdir_file_is_named_before_anything_runs(tmp_path, name, text, message):
     (tmp_path / name).parent.mkdir(exist_ok=True)
     (tmp_path / name).write_text(text)
+    events = []
     with pytest.raises(ValueError, match=message) as info:
-        Trainer(tmp_path, RunOptions())
+        Trainer(tmp_path, RunOptions()).fit(ToyTask(events))
+    assert events == []
     assert str(tmp_path / name) in str(info.value) and "--restart" in str(info.value)
     assert (tmp_path / name).read_text() == text
 
@@ -250,7 +304,7 @@ def test_a_workdir_is_continued_only_on_its_own_data(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "one.tsv").write_text("a\tb\n")
     work, events = tmp_path / "work", []
-    assert _run(work, events, data="tsv:one.tsv") == {"steps": 6}
+    assert _steps(_run(work, events, data="tsv:one.tsv")) == {"steps": 6}
     assert read_state(work)["data"] == f"tsv:{tmp_path / 'one.tsv'}"
     before = _snapshot(work)
     with pytest.raises(ValueError) as error:
@@ -261,7 +315,7 @@ def test_a_workdir_is_continued_only_on_its_own_data(tmp_path, monkeypatch):
     assert _snapshot(work) == before
     # The same file by another path is the same data: the finished run is left alone.
     events.clear()
-    assert _run(work, events, data=f"tsv:{tmp_path / 'one.tsv'}") == {"steps": 6}
+    assert _steps(_run(work, events, data=f"tsv:{tmp_path / 'one.tsv'}")) == {"steps": 6}
     assert "finished earlier" in events[0] and _snapshot(work) == before
-    assert _run(work, events, data="tsv:two.tsv", restart=True) == {"steps": 6}
+    assert _steps(_run(work, events, data="tsv:two.tsv", restart=True)) == {"steps": 6}
     assert read_state(work)["data"] == "tsv:two.tsv"

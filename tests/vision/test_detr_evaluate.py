@@ -8,7 +8,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from tfx_transformer.training.bounds import ScheduleProgress
 from tfx_transformer.training.run import RunOptions
+from tfx_transformer.training.schedules import StepDropSchedule
 from tfx_transformer.training.workdir import read_metrics
 from vision.config import preset
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
@@ -18,7 +20,7 @@ from vision.plots import cross_attention, draw_detections, plot_query_attention
 from vision.training.evaluate import coco_evaluate, evaluate_records
 from vision.training.export import preprocess_images
 from vision.training.optimizer import DetrAdamW
-from vision.training.train import LearningRateDrop, train_detr
+from vision.training.train import train_detr
 
 # COCO's AP is the mean, over IoU thresholds 0.50:0.05:0.95 and over the categories with
 # ground truth, of the precision interpolated (made non-increasing) at the 101 recall points
@@ -187,63 +189,47 @@ def _lr(optimizer):
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
-def test_learning_rate_drop_by_epoch_is_detr_steplr():
-    optimizer = DetrAdamW(learning_rate=2e-4)
-    drop = LearningRateDrop(2e-4, drop_epoch=3)
-    drop.set_model(_Holder(optimizer))
-    drop.on_train_begin()
+def test_step_drop_by_epoch_is_detr_steplr():
+    schedule = StepDropSchedule(2e-4, drop_epoch=3)
+    optimizer = DetrAdamW(learning_rate=schedule)
+    progress = ScheduleProgress()  # what the trainer puts first in every fit
+    progress.set_model(_Holder(optimizer))
+    progress.on_train_begin()
     rates = []
     for epoch in range(5):
-        drop.on_epoch_begin(epoch)
-        drop.on_train_batch_begin(0)
+        progress.on_epoch_begin(epoch)
         logs = {}
-        drop.on_epoch_end(epoch, logs)
+        progress.on_epoch_end(epoch, logs)
         rates.append(_lr(optimizer))
         assert logs["learning_rate"] == pytest.approx(rates[-1])
     assert rates == pytest.approx([2e-4] * 3 + [2e-5] * 2)
 
 
-def test_learning_rate_drop_at_a_share_of_the_steps_or_the_time():
-    optimizer = DetrAdamW(learning_rate=1e-3)
-    drop = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
-    drop.set_model(_Holder(optimizer))
-    drop.on_train_begin()
-    drop.on_epoch_begin(0)  # reads the optimizer's iterations once per epoch
-    for step in range(10):
-        drop.on_train_batch_begin(step)  # the step about to be taken
-        assert _lr(optimizer) == pytest.approx(1e-3 if step < 8 else 1e-4), step
-    # A run resumed past the drop (iterations restored before the epoch) starts dropped.
-    resumed = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
-    resumed.set_model(_Holder(optimizer))
-    optimizer.learning_rate = 1e-3
-    resumed.on_train_begin()
-    optimizer.iterations.assign(8)  # what BackupAndRestore does in its on_train_begin
-    resumed.on_epoch_begin(3)
-    assert _lr(optimizer) == pytest.approx(1e-4)
-    # Counting goes on from the restored iterations: 6 + batch 2 = step 8.
-    midway = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.8, max_steps=10)
-    midway.set_model(_Holder(optimizer))
-    optimizer.iterations.assign(6)
-    midway.on_train_begin()
-    midway.on_epoch_begin(1)
-    midway.on_train_batch_begin(1)
-    assert _lr(optimizer) == pytest.approx(1e-3)
-    midway.on_train_batch_begin(2)
-    assert _lr(optimizer) == pytest.approx(1e-4)
+def test_step_drop_at_a_share_of_the_steps_or_of_the_run_time():
+    schedule = StepDropSchedule(1e-3, drop_epoch=100, drop_fraction=0.8, total_steps=10)
+    # Keras calls the schedule with the optimizer's iterations: step s is the (s+1)-th update,
+    # so a resumed run (iterations restored) is dropped from step 7 on, as a fresh one.
+    rates = [float(keras.ops.convert_to_numpy(schedule(step))) for step in range(10)]
+    assert rates == pytest.approx([1e-3] * 7 + [1e-4] * 3)
 
     now = [0.0]
-    optimizer = DetrAdamW(learning_rate=1e-3)
-    timed = LearningRateDrop(1e-3, drop_epoch=100, drop_fraction=0.5, time_budget=2.0,
-                             clock=lambda: now[0])
-    timed.set_model(_Holder(optimizer))
-    timed.on_train_begin()
-    timed.on_epoch_begin(0)
-    for seconds, expected in ((0, 1e-3), (59.9, 1e-3), (60.0, 1e-4), (30.0, 1e-4)):
+    timed = StepDropSchedule(1e-3, drop_epoch=100, drop_fraction=0.5)
+    optimizer = DetrAdamW(learning_rate=timed)
+    # 30 s spent by an earlier process of the run: the drop comes 30 s into this one.
+    progress = ScheduleProgress(minutes=2.0, offset_seconds=30.0, clock=lambda: now[0])
+    progress.set_model(_Holder(optimizer))
+    progress.on_train_begin()
+    progress.on_epoch_begin(0)
+    for seconds, expected in ((0, 1e-3), (29.9, 1e-3), (30.0, 1e-4), (90.0, 1e-4)):
         now[0] = seconds
-        timed.on_train_batch_begin(0)
-        assert _lr(optimizer) == pytest.approx(expected), seconds  # never raised again
-    with pytest.raises(ValueError, match="drop_fraction"):
-        LearningRateDrop(1e-3, 10, drop_fraction=1.5)
+        progress.on_train_batch_begin(0)
+        assert _lr(optimizer) == pytest.approx(expected), seconds
+    again = StepDropSchedule.from_config(timed.get_config())
+    assert again.get_config() == timed.get_config()
+    for kwargs in ({"drop_fraction": 1.5}, {"drop_fraction": 0.0}, {"drop_epoch": -1},
+                   {"learning_rate": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(kwargs))):
+            StepDropSchedule(**{"learning_rate": 1e-3, "drop_epoch": 10, **kwargs})
 
 
 SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32),

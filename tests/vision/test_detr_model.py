@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 
+import vision.modeling.detr as detr_module
 from vision.config import preset
 from vision.matching.losses import SetCriterion
 from vision.modeling.backbone import ResNet50Backbone, TinyBackbone, build_backbone
@@ -215,7 +216,7 @@ def test_one_fit_step_updates_weights_and_reports_each_loss(tmp_path, name):
     assert loaded.jit_compile is False
 
 
-def test_compile_defaults_and_replica_scaling():
+def test_compile_defaults_and_replica_scaling(monkeypatch):
     model = build_model(preset("tiny", **SMALL), NUM_CLASSES)
     with pytest.raises(ValueError, match="criterion"):
         model.compile(loss="mse")
@@ -228,11 +229,13 @@ def test_compile_defaults_and_replica_scaling():
     y_pred = model(x)
     single = float(model.compute_loss(x, y, y_pred))
     assert single == pytest.approx(float(model.criterion(y_pred, y)["loss"]))
-    # Two replicas, the other holding as many targets: same num_boxes, loss halved per replica.
-    model.configure_replicas(2, lambda n: 2.0 * n)
+    # Two replicas (the cross-replica sum stood in for), the other holding as many targets:
+    # same num_boxes, loss halved per replica.
+    monkeypatch.setattr(detr_module, "num_replicas", lambda: 2)
+    monkeypatch.setattr(detr_module, "replica_sum", lambda n: 2.0 * n)
     assert float(model.compute_loss(x, y, y_pred)) == pytest.approx(single / 2, rel=1e-6)
     # The other replica holding no targets: num_boxes = 3 / 2, box losses grow by 2.
-    model.configure_replicas(2, lambda n: n)
+    monkeypatch.setattr(detr_module, "replica_sum", lambda n: n)
     losses = model.criterion(y_pred, y, num_boxes=1.5)
     assert float(model.compute_loss(x, y, y_pred)) == pytest.approx(
         float(losses["loss"]) / 2, rel=1e-6

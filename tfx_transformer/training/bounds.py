@@ -1,8 +1,8 @@
 """How long a run trains and what it says as it goes: the stop rules and the progress line.
 
 `TimeBudget` and `MaxSteps` stop `fit` cleanly (the trainer still exports and evaluates);
-`BudgetProgress` tells a `tfx_transformer.training.schedules.BudgetSchedule` the share of the time
-budget spent; `Progress` prints the steps done of the run's bound and the time left;
+`ScheduleProgress` tells a `tfx_transformer.training.schedules.RunSchedule` the share of the
+run done and the epoch; `Progress` prints the steps done of the run's bound and the time left;
 `plan_epochs` sizes `fit` for a step limit. `tfx_transformer.training.callbacks.standard_callbacks`
 puts them in order.
 """
@@ -18,7 +18,7 @@ import keras
 
 from tfx_transformer.training.distribute import is_chief
 
-__all__ = ["BudgetProgress", "MaxSteps", "Progress", "TimeBudget", "plan_epochs"]
+__all__ = ["MaxSteps", "Progress", "TimeBudget", "ScheduleProgress", "plan_epochs"]
 
 
 class TimeBudget(keras.callbacks.Callback):
@@ -58,30 +58,56 @@ class TimeBudget(keras.callbacks.Callback):
             self.reason = f"time budget of {self.minutes:g} min spent ({elapsed:.1f} s)"
 
 
-class BudgetProgress(keras.callbacks.Callback):
-    """Sets a `tfx_transformer.training.schedules.BudgetSchedule`'s ``progress`` to the share of the
-    time budget spent, before every step (the schedule takes the step share itself).
+class ScheduleProgress(keras.callbacks.Callback):
+    """Tells the optimizer's learning rate where the run is, and records the rate.
+
+    The trainer puts it first in every `fit`. When the optimizer's rate is a
+    `tfx_transformer.training.schedules.RunSchedule`, it sets the schedule's ``epoch`` at each
+    epoch's start (the epoch `fit` reports, which counts the epochs of earlier processes of a
+    resumed run) and, when the run has a time budget, its ``progress`` before every step: the
+    share of the budget spent, counting the training time of earlier processes
+    (``offset_seconds``). Any other rate is left alone. At each epoch's end it puts the rate
+    into the logs as ``learning_rate`` (for the history and TensorBoard).
 
     Args:
-        schedule: the optimizer's `BudgetSchedule`.
-        minutes: the run's time budget.
+        minutes: the run's time budget (None: no budget).
         offset_seconds: training time earlier processes of the run spent (as `TimeBudget`).
         clock: seconds as a float; injectable for tests.
     """
 
-    def __init__(self, schedule, minutes: float, offset_seconds: float = 0.0,
+    def __init__(self, minutes: float | None = None, offset_seconds: float = 0.0,
                  clock: Callable[[], float] = time.monotonic):
         super().__init__()
-        self.schedule = schedule
-        self.budget = TimeBudget(minutes, clock=clock, offset_seconds=offset_seconds)
+        self.budget = None if minutes is None else TimeBudget(
+            minutes, clock=clock, offset_seconds=offset_seconds)
+
+    @property
+    def schedule(self):
+        """The optimizer's `RunSchedule`, or None."""
+        from tfx_transformer.training.schedules import RunSchedule
+
+        # Keras keeps the schedule object there; `optimizer.learning_rate` is its value.
+        rate = getattr(getattr(self.model, "optimizer", None), "_learning_rate", None)
+        return rate if isinstance(rate, RunSchedule) else None
 
     def on_train_begin(self, logs=None):
-        self.budget.start = self.budget.clock()
+        if self.budget is not None:
+            self.budget.start = self.budget.clock()
         self.on_train_batch_begin(0)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.schedule is not None:
+            self.schedule.epoch.assign(int(epoch))
+
     def on_train_batch_begin(self, batch, logs=None):
-        share = min(1.0, self.budget.elapsed() / (60.0 * self.budget.minutes))
-        self.schedule.progress.assign(share)
+        if self.budget is not None and self.schedule is not None:
+            share = min(1.0, self.budget.elapsed() / (60.0 * self.budget.minutes))
+            self.schedule.progress.assign(share)
+
+    def on_epoch_end(self, epoch, logs=None):
+        optimizer = getattr(self.model, "optimizer", None)
+        if logs is not None and optimizer is not None:
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
 def _clock_text(seconds: float) -> str:

@@ -3,7 +3,9 @@
 `NoamSchedule` warms up for a fixed number of steps and decays as ``step^-0.5`` for ever.
 `BudgetSchedule` warms up for a share of the run and decays linearly to zero at its end, the
 end being the run's step limit or its time budget, whichever comes first: a run of 8 minutes
-gets the whole schedule in 8 minutes, whatever its speed.
+gets the whole schedule in 8 minutes, whatever its speed. `StepDropSchedule` is DETR's drop
+to a tenth, by epoch or by the share of the run done. Both are `RunSchedule`s: the trainer
+tells them where the run is (`tfx_transformer.training.bounds.ScheduleProgress`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-__all__ = ["BudgetSchedule", "NoamSchedule"]
+__all__ = ["BudgetSchedule", "NoamSchedule", "RunSchedule", "StepDropSchedule"]
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
@@ -50,22 +52,49 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
         return {"d_model": self.d_model, "warmup_steps": self.warmup_steps, "scale": self.scale}
 
 
+class RunSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule that knows where the run is: the share of it done, and the epoch.
+
+    ``share_done(step) = max((step + 1) / total_steps, progress)``: ``step`` is the
+    optimizer's iteration (0 for the first update, counted as 1), ``total_steps`` the run's
+    step bound (None: not bounded by steps), and ``progress`` a variable the trainer sets
+    before every step to the share of the run's time budget spent, counting the training time
+    of every process of the run (`tfx_transformer.training.bounds.ScheduleProgress`; 0 without
+    a time budget). ``epoch`` is a variable it sets at every epoch's start (0-based, counting
+    the epochs of earlier processes). Both come from state that a resumed run restores, so it
+    carries on where it stopped.
+
+    Args:
+        total_steps: steps the run is bounded by (None: by time or epochs only).
+    """
+
+    def __init__(self, total_steps: int | None = None):
+        if total_steps is not None and not (isinstance(total_steps, int) and total_steps > 0):
+            raise ValueError(f"`total_steps` must be None or a positive integer. "
+                             f"Received: {total_steps!r}")
+        self.total_steps = total_steps
+        self.progress = keras.Variable(0.0, dtype="float32", trainable=False,
+                                       name="run_progress")
+        self.epoch = keras.Variable(0, dtype="int32", trainable=False, name="run_epoch")
+
+    def share_done(self, step):
+        """The share of the run done at the step ``step``, a float32 scalar."""
+        p = ops.cast(self.progress, "float32")
+        if self.total_steps is not None:
+            p = ops.maximum(p, (ops.cast(step, "float32") + 1.0) / float(self.total_steps))
+        return p
+
+
 @keras.saving.register_keras_serializable(package="tfx_transformer")
-class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
+class BudgetSchedule(RunSchedule):
     """Linear warm-up over a share of the run, then linear decay to zero at its end.
 
-    With ``p`` the share of the run done before the step::
+    With ``p`` = `RunSchedule.share_done` of the step::
 
         lr(p) = peak · p / warmup_share                          p <  warmup_share
         lr(p) = peak · (1 - p) / (1 - warmup_share)               warmup_share <= p <= 1
 
-    (0 past the end). ``p = max((step + 1) / total_steps, progress)``: ``step`` is the
-    optimizer's iteration (0 for the first update, counted as 1, so the first rate is not 0),
-    ``total_steps`` the run's step bound, and ``progress`` a variable the training loop sets
-    to the share of a time budget spent (`tfx_transformer.training.bounds.BudgetProgress`; 0 when
-    the run has no time budget). Both parts come from state that a resumed run restores (the
-    optimizer's iterations; the recorded training time), so a resumed run carries on where it
-    stopped, with no second warm-up.
+    (0 past the end), so a resumed run carries on where it stopped, with no second warm-up.
 
     Args:
         peak: the highest rate, reached at ``p = warmup_share``.
@@ -76,22 +105,10 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, peak: float, total_steps: int | None = None, warmup_share: float = 0.1):
         if not (isinstance(peak, (int, float)) and peak > 0):
             raise ValueError(f"`peak` must be a number > 0. Received: {peak!r}")
-        if total_steps is not None and not (isinstance(total_steps, int) and total_steps > 0):
-            raise ValueError(f"`total_steps` must be None or a positive integer. "
-                             f"Received: {total_steps!r}")
         if not (isinstance(warmup_share, (int, float)) and 0 <= warmup_share < 1):
             raise ValueError(f"`warmup_share` must be in [0, 1). Received: {warmup_share!r}")
-        self.peak, self.total_steps = float(peak), total_steps
-        self.warmup_share = float(warmup_share)
-        self.progress = keras.Variable(0.0, dtype="float32", trainable=False,
-                                       name="budget_progress")
-
-    def share_done(self, step):
-        """``p`` of the step ``step`` (see the class docstring), a float32 scalar."""
-        p = ops.cast(self.progress, "float32")
-        if self.total_steps is not None:
-            p = ops.maximum(p, (ops.cast(step, "float32") + 1.0) / float(self.total_steps))
-        return p
+        super().__init__(total_steps)
+        self.peak, self.warmup_share = float(peak), float(warmup_share)
 
     def __call__(self, step):
         p = self.share_done(step)
@@ -105,3 +122,44 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def get_config(self):
         return {"peak": self.peak, "total_steps": self.total_steps,
                 "warmup_share": self.warmup_share}
+
+
+@keras.saving.register_keras_serializable(package="tfx_transformer")
+class StepDropSchedule(RunSchedule):
+    """DETR's step decay: ``learning_rate`` until the drop, then ``factor`` times it.
+
+    The drop comes at epoch ``drop_epoch`` (0-based; DETR's ``lr_drop``) or, for a run bounded
+    by steps or time, once ``drop_fraction`` of the run is done (`RunSchedule.share_done`),
+    whichever is first: such runs stop long before ``drop_epoch``.
+
+    Args:
+        learning_rate: the rate before the drop, > 0.
+        drop_epoch: the epoch from which the rate is dropped.
+        drop_fraction: share of the run after which it is dropped, in (0, 1]; None: by
+            epoch only.
+        total_steps: steps the run is bounded by (None: by time or epochs only).
+        factor: the rate after the drop, as a share of ``learning_rate``.
+    """
+
+    def __init__(self, learning_rate: float, drop_epoch: int, drop_fraction: float | None = None,
+                 total_steps: int | None = None, factor: float = 0.1):
+        if not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
+            raise ValueError(f"`learning_rate` must be a number > 0. Received: {learning_rate!r}")
+        if isinstance(drop_epoch, bool) or not isinstance(drop_epoch, int) or drop_epoch < 0:
+            raise ValueError(f"`drop_epoch` must be an integer >= 0. Received: {drop_epoch!r}")
+        if drop_fraction is not None and not 0 < drop_fraction <= 1:
+            raise ValueError(f"`drop_fraction` must be in (0, 1]. Received: {drop_fraction!r}")
+        super().__init__(total_steps)
+        self.learning_rate, self.drop_epoch = float(learning_rate), drop_epoch
+        self.drop_fraction, self.factor = drop_fraction, float(factor)
+
+    def __call__(self, step):
+        dropped = ops.greater_equal(self.epoch, self.drop_epoch)
+        if self.drop_fraction is not None:
+            dropped = ops.logical_or(dropped, self.share_done(step) >= self.drop_fraction)
+        return ops.where(dropped, self.learning_rate * self.factor, self.learning_rate)
+
+    def get_config(self):
+        return {"learning_rate": self.learning_rate, "drop_epoch": self.drop_epoch,
+                "drop_fraction": self.drop_fraction, "total_steps": self.total_steps,
+                "factor": self.factor}

@@ -1,42 +1,48 @@
-"""The skeleton both trainers follow, written once.
+"""The run, owned once for both applications: `Trainer(workdir, run).fit(task)`.
 
-An application trainer (`nlp.train.train_nmt`, `vision.training.train.train_detr`) creates a
-`Trainer`
-first thing (strategy, precision, seed, work directory), loads its data, builds and compiles
-its model in ``trainer.strategy.scope()``, then hands over to `Trainer.train`: callbacks, fit,
-the chief guard, export, evaluation and ``metrics.json``. Only the parts that differ come in
-as arguments: the application's own callbacks, checks, and export and evaluation functions.
+An application is a `Task`: it loads its data, builds and compiles its model, names its own
+callbacks, exports and evaluates. The trainer does everything else, in one sequence: the
+strategy, precision and seed (on creation); then in `Trainer.fit` the restart, the checks of
+the work directory and of ``--data``, the finished-run test, the data, the model (in the
+strategy's scope), the learning rate's view of the run (`ScheduleProgress`), the standard
+callbacks, `fit`, the final weights, export, evaluation and ``metrics.json``.
 
-The run's phase is recorded in ``DIR/run.json`` (`tfx_transformer.training.workdir.PHASES`), so a
-rerun
-of the same command picks up where the last one stopped: inside `fit` (from the backup of the
-last epoch), before or during the export, during the evaluation; and a finished run says so
-and changes nothing. A larger ``epochs`` or ``max_steps`` continues a finished run from its
-last state; ``RunOptions.restart`` starts over (the earlier run's files move to
+The run's phase is recorded in ``DIR/run.json`` (`tfx_transformer.training.workdir.PHASES`), so
+a rerun of the same command picks up where the last one stopped: inside `fit` (from the backup
+of the last epoch), before or during the export, during the evaluation; and a finished run
+says so and changes nothing. A larger ``epochs`` or ``max_steps`` continues a finished run
+from its last state; ``RunOptions.restart`` starts over (the earlier run's files move to
 ``DIR/previous-N/``; its ``export/`` stays until the new export replaces it).
 
-Example:
-    >>> trainer = Trainer(workdir, run)
-    >>> with trainer.strategy.scope():
-    ...     model = build_and_compile()
-    >>> scores = trainer.train(model, train_ds, valid_ds, default_epochs=10,
-    ...                        export=save, evaluate=score)
+The protocol, in ten lines::
+
+    class MyTask:                      # what `Trainer.fit` calls, in this order
+        data = "embedded"              # the --data spec, recorded in run.json
+        default_epochs = 10            # epochs of a run bounded by nothing else
+        state_files = ()               # the task's own files moved aside by --restart
+        def load_data(self, trainer) -> TaskData: ...
+        def build_model(self, trainer, data) -> keras.Model: ...   # built and compiled
+        def callbacks(self, trainer, model) -> list: ...           # before the standard ones
+        def final_weights(self, trainer, model) -> str: ...        # optional
+        def export(self, model, path) -> None: ...
+        def evaluate(self, model) -> dict: ...                     # "valid" among the entries
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import keras
 import tensorflow as tf
 
-from tfx_transformer.training.bounds import Progress, plan_epochs
+from tfx_transformer.training.bounds import Progress, ScheduleProgress, plan_epochs
 from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
 from tfx_transformer.training.distribute import broadcast_from_chief, get_strategy, is_chief
 from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
@@ -50,35 +56,66 @@ from tfx_transformer.training.workdir import (
     write_state,
 )
 
-__all__ = ["Trainer"]
+__all__ = ["Task", "TaskData", "Trainer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """What `Task.load_data` returns.
+
+    Attributes:
+        train: the training batches (a `tf.data.Dataset`).
+        valid: validation batches for `fit`, or None.
+        steps_per_epoch: training batches per epoch when known (None: unknown).
+    """
+
+    train: Any
+    valid: Any = None
+    steps_per_epoch: int | None = None
+
+
+class Task(Protocol):
+    """An application, as `Trainer.fit` drives it (see the module docstring).
+
+    `final_weights` is optional: without it the last weights are exported.
+    """
+
+    data: str
+    default_epochs: int
+    state_files: tuple[str, ...]
+
+    def load_data(self, trainer: Trainer) -> TaskData: ...
+
+    def build_model(self, trainer: Trainer, data: TaskData) -> keras.Model: ...
+
+    def callbacks(self, trainer: Trainer, model: keras.Model
+                  ) -> Iterable[keras.callbacks.Callback]: ...
+
+    def export(self, model: keras.Model, path: Path) -> None: ...
+
+    def evaluate(self, model: keras.Model) -> Mapping[str, Any]: ...
 
 
 class Trainer:
-    """Sets a run up and, once the model is built, trains, exports, evaluates and reports.
+    """Sets a run up, then drives a `Task` through fit, export, evaluation and metrics.json.
 
     Creating it gets the `tf.distribute` strategy (before any other TensorFlow work, as
-    ``multi_worker`` requires), sets the dtype policy and the random seed, creates the work
-    directory and reads what a rerun reads (``metrics.json``, ``run.json``, the backup), so a
-    broken file is an error before any data is loaded. With ``run.restart`` it then moves the
-    earlier run's files (``checkpoints/``, ``backup/``, ``logs/``, ``metrics.json``,
-    ``run.json`` and ``state_files``) to ``DIR/previous-N/`` and says so; nothing is deleted.
-    The clock of ``train_seconds`` starts here.
+    ``multi_worker`` requires), sets the dtype policy and the random seed and creates the work
+    directory. The clock of ``train_seconds`` starts here.
 
     Args:
         workdir: the work directory.
         run: the run options.
         log: where progress lines go.
-        state_files: the application's own files of a run in the work directory (e.g.
-            ``tokenizer.model``), moved aside by a restart.
 
     Attributes:
-        strategy: the `tf.distribute.Strategy` to build the model under.
+        strategy: the `tf.distribute.Strategy` the model is built under.
         workdir: the `Workdir`.
         run: the `RunOptions`.
     """
 
     def __init__(self, workdir: str | os.PathLike, run: RunOptions,
-                 log: Callable[..., None] = print, *, state_files: Iterable[str] = ()):
+                 log: Callable[..., None] = print):
         if not isinstance(run, RunOptions):
             raise TypeError(f"`run` must be a RunOptions. Received: {type(run).__name__}")
         if run.strategy == "multi_worker" and run.time_budget is not None:
@@ -93,15 +130,122 @@ class Trainer:
         self.run, self.workdir, self.log = run, Workdir(workdir), log
         if run.mixed_precision == "auto":
             log(f"mixed precision: {policy} ({fast_bfloat16() or 'no fast bfloat16 here'})")
-        if run.restart:
-            self._move_aside(["checkpoints", "backup", "logs", "metrics.json", "run.json",
-                              *state_files])
-        check_workdir(self.workdir)
 
     @property
     def replicas(self) -> int:
         """Replicas in sync: the global batch is the per-replica batch times this."""
         return self.strategy.num_replicas_in_sync
+
+    @property
+    def fit_seconds(self) -> float:
+        """Training time the earlier processes of this run spent (0 for a new run): what a
+        resumed or continued run's time budget and schedule count from."""
+        return float(read_state(self.workdir).get("fit_seconds", 0.0))
+
+    def total_steps(self, default_epochs: int, steps_per_epoch: int | None) -> int | None:
+        """The run's step bound: ``max_steps``, or its epochs times ``steps_per_epoch``,
+        whichever is smaller; None when neither is known (a run bounded by time only)."""
+        bounds = []
+        if self.run.max_steps is not None:
+            bounds.append(self.run.max_steps)
+        epochs = self.run.fit_epochs(default_epochs)
+        if steps_per_epoch and epochs < LONG_RUN_EPOCHS:
+            bounds.append(epochs * steps_per_epoch)
+        return min(bounds) if bounds else None
+
+    def fit(self, task: Task, callbacks: Iterable[keras.callbacks.Callback] = ()) -> dict:
+        """Runs ``task``; on the chief only, exports, evaluates and writes metrics.json.
+
+        1. ``run.restart`` moves the earlier run's files (``checkpoints/``, ``backup/``,
+           ``logs/``, ``metrics.json``, ``run.json`` and ``task.state_files``) to
+           ``DIR/previous-N/``; then the work directory's files are checked, and a directory
+           that holds a run on another ``--data`` is refused.
+        2. A finished run whose request adds nothing returns its recorded scores at once.
+        3. ``task.load_data``; ``task.build_model`` in the strategy's scope.
+        4. `fit` for ``run.fit_epochs(task.default_epochs)`` epochs (no more than
+           ``max_steps`` needs when the epoch length is known) with `ScheduleProgress`,
+           ``task.callbacks``, the `standard_callbacks` (guard, resume, checkpoints, logs,
+           time budget, step limit, history, progress line) and ``callbacks``, in that order.
+           Skipped when the recorded fit already covers the request (a run killed during
+           export or evaluation): the weights then come from the backup.
+        5. Non-chief workers stop here and return ``{}``: only the chief writes.
+        6. ``task.final_weights`` (if the task has it) sets the weights to export and
+           evaluate; ``task.export`` writes the SavedModel (unless recorded as done).
+        7. ``task.evaluate`` returns the ``metrics.json`` entries, ``"valid"`` among them;
+           they and ``train_seconds`` are merged into ``metrics.json``.
+
+        ``DIR/run.json`` records each phase as it ends; the backup is kept.
+
+        Returns:
+            The ``"valid"`` entry returned by ``task.evaluate`` ({} on non-chief workers).
+
+        Raises:
+            ValueError: the work directory holds a broken file or a run on other data, the
+                task found bad data, there are no training batches, or the loss became NaN
+                (`tfx_transformer.training.callbacks.NonFiniteLossError`).
+        """
+        if self.run.restart:
+            self._move_aside(["checkpoints", "backup", "logs", "metrics.json", "run.json",
+                              *task.state_files])
+        check_workdir(self.workdir)
+        spec = self._check_data(task.data)
+        request, state = self._request(task.default_epochs), self._read_state()
+        if state.get("phase") == "finished" and not self._needs_training(state, request):
+            self.log(f"{self.workdir.root}: this run finished earlier ({state.get('epochs')} "
+                     f"epochs, {state.get('steps')} steps); export/, checkpoints/ and "
+                     "metrics.json are left as they are. A larger --epochs or --max-steps "
+                     "continues it, --restart trains it again")
+            return read_metrics(self.workdir).get("valid", {})
+        data = task.load_data(self)
+        if data.steps_per_epoch == 0:
+            raise ValueError("no training batches: the training data is empty")
+        with self.strategy.scope():
+            model = task.build_model(self, data)
+        if self._needs_training(state, request):
+            state = self._fit(task, model, data, request, spec, callbacks)
+        elif is_chief():
+            self._restore(model, state)
+        if not is_chief():
+            return {}
+        final_weights = getattr(task, "final_weights", None)
+        if final_weights is not None:
+            self.log(f"final weights: {final_weights(self, model)}")
+        if state["phase"] == "trained":
+            inject_fault("export")
+            task.export(model, self.workdir.export)
+            state = self._record(phase="exported", export_steps=state["steps"])
+            self.log(f"export: {self.workdir.export} ({state['steps']} steps)")
+        inject_fault("evaluate")
+        entries = dict(task.evaluate(model))
+        if "valid" not in entries:
+            raise KeyError("`Task.evaluate` must return the 'valid' scores among its entries")
+        write_metrics(self.workdir, {**entries, "train_seconds": state.get("train_seconds")})
+        self._record(phase="finished")
+        return entries["valid"]
+
+    def _fit(self, task: Task, model: keras.Model, data: TaskData, request: dict, spec: str,
+             callbacks: Iterable[keras.callbacks.Callback]) -> dict:
+        run, workdir = self.run, self.workdir
+        self._record(phase="training", request=request, data=spec)
+        epochs = plan_epochs(request["epochs"], run.max_steps, data.steps_per_epoch)
+        spent = self.fit_seconds
+        progress = Progress(self.total_steps(task.default_epochs, data.steps_per_epoch),
+                            run.time_budget, spent,
+                            epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
+        all_callbacks = [ScheduleProgress(run.time_budget, spent),
+                         *task.callbacks(self, model),
+                         *standard_callbacks(workdir, run.time_budget, run.max_steps,
+                                             keep_backup=True, offset_seconds=spent,
+                                             progress=progress),
+                         *callbacks]
+        history = model.fit(data.train, validation_data=data.valid, epochs=epochs,
+                            shuffle=False, callbacks=all_callbacks, verbose=0)
+        epochs_done = max([e + 1 for e in history.epoch], default=0)
+        metadata = workdir.backup / "training_metadata.json"
+        if metadata.exists():  # also counts the epochs of earlier processes
+            epochs_done = json.loads(metadata.read_text()).get("epoch", epochs_done)
+        return self._record(phase="trained", epochs=epochs_done, steps=_iterations(model),
+                            train_seconds=round(time.monotonic() - self.started, 1))
 
     def _move_aside(self, names: list[str]) -> None:
         root = self.workdir.root
@@ -121,39 +265,17 @@ class Trainer:
             self.workdir.export.exists()) else ""
         self.log(f"restart: moved the earlier run's {', '.join(found)} to {target}{kept}")
 
-    def check_data(self, data: str) -> None:
-        """A work directory continues one data set: another ``--data`` is an error.
-
-        The spec is recorded (paths made absolute) when training starts; a later run of the
-        same directory on other data would silently keep the earlier run's tokenizer,
-        weights and export. Call it before `finished`.
-
-        Raises:
-            ValueError: the directory's run was on other data; names both and the way out.
-        """
-        self._data = _normalized_spec(data)
+    def _check_data(self, data: str) -> str:
+        """A work directory continues one data set: another ``--data`` is an error (it
+        would silently keep the earlier run's tokenizer, weights and export). Returns the
+        spec as recorded (paths made absolute)."""
+        spec = _normalized_spec(data)
         recorded = read_state(self.workdir).get("data")
-        if recorded is not None and recorded != self._data:
+        if recorded is not None and recorded != spec:
             raise ValueError(
                 f"--data {data}: {self.workdir.root} holds a run on --data {recorded}; go on "
                 "with that --data, or use --restart (or a new --workdir) to train on new data")
-
-    @property
-    def fit_seconds(self) -> float:
-        """Training time the earlier processes of this run spent (0 for a new run): what a
-        resumed or continued run's time budget and budget schedule count from."""
-        return float(read_state(self.workdir).get("fit_seconds", 0.0))
-
-    def total_steps(self, default_epochs: int, steps_per_epoch: int | None) -> int | None:
-        """The run's step bound: ``max_steps``, or its epochs times ``steps_per_epoch``,
-        whichever is smaller; None when neither is known (a run bounded by time only)."""
-        bounds = []
-        if self.run.max_steps is not None:
-            bounds.append(self.run.max_steps)
-        epochs = self.run.fit_epochs(default_epochs)
-        if steps_per_epoch and epochs < LONG_RUN_EPOCHS:
-            bounds.append(epochs * steps_per_epoch)
-        return min(bounds) if bounds else None
+        return spec
 
     def _request(self, default_epochs: int) -> dict:
         run = self.run
@@ -169,130 +291,6 @@ class Trainer:
                 request["max_steps"] is not None and steps >= request["max_steps"]):
             return False
         return request != state.get("request")
-
-    def finished(self, default_epochs: int) -> dict | None:
-        """The recorded ``"valid"`` scores when this run finished and the request adds nothing.
-
-        Says so in one line. Call it before loading data: a finished run then costs nothing.
-        Returns None when there is something to do (a new run, a resumed one, a longer one).
-        """
-        state = self._read_state()
-        if state.get("phase") != "finished" or self._needs_training(
-                state, self._request(default_epochs)):
-            return None
-        self.log(f"{self.workdir.root}: this run finished earlier ({state.get('epochs')} epochs, "
-                 f"{state.get('steps')} steps); export/, checkpoints/ and metrics.json are left "
-                 "as they are. A larger --epochs or --max-steps continues it, --restart trains "
-                 "it again")
-        return read_metrics(self.workdir).get("valid", {})
-
-    def train(
-        self,
-        model: keras.Model,
-        train_data: Any,
-        valid_data: Any = None,
-        *,
-        default_epochs: int,
-        export: Callable[[Path], Any],
-        evaluate: Callable[[], Mapping[str, Any]],
-        steps_per_epoch: int | None = None,
-        first_callbacks: Iterable[keras.callbacks.Callback] = (),
-        callbacks: Iterable[keras.callbacks.Callback] = (),
-        checks: Iterable[Callable[[], None]] = (),
-        choose_weights: Callable[[], Any] | None = None,
-    ) -> dict:
-        """Fits ``model``; then, on the chief only, exports, evaluates, writes metrics.json.
-
-        0. A finished run whose request adds nothing returns its recorded scores (`finished`).
-        1. `fit` for ``run.fit_epochs(default_epochs)`` epochs (no more than ``max_steps``
-           needs when ``steps_per_epoch`` is known) with ``first_callbacks``, the
-           `standard_callbacks` (guard, resume, checkpoints, logs, time budget, step limit,
-           history) and ``callbacks``, in that order. Skipped when the recorded fit already
-           covers the request (a run killed during export or evaluation): the weights then
-           come from the backup.
-        2. ``checks`` run (each raises if the data broke a rule during `fit`).
-        3. Non-chief workers stop here and return ``{}``: only the chief writes.
-        4. ``choose_weights()`` (if given) sets the weights to export and evaluate from the
-           epoch checkpoints (an average, the best epoch); ``export(workdir.export)`` writes
-           the SavedModel (unless recorded as done).
-        5. ``evaluate()`` returns the ``metrics.json`` entries of the run, ``"valid"`` (the
-           scores) among them; ``checks`` run again.
-        6. Those entries and ``train_seconds`` are merged into ``metrics.json``.
-
-        ``DIR/run.json`` records each phase as it ends; the backup is kept.
-
-        Args:
-            model: the built, compiled model.
-            train_data: the training batches (a `tf.data.Dataset`).
-            valid_data: validation batches for `fit`, or None.
-            default_epochs: epochs when ``run.epochs`` is None and the run is not bounded.
-            export: writes the export to the path given.
-            evaluate: scores the trained model; returns the entries to record.
-            steps_per_epoch: batches per epoch when known (None: unknown).
-            first_callbacks: application callbacks that come before the standard ones.
-            callbacks: callbacks that come after them (the caller's extra ones).
-            checks: functions called after `fit` and after evaluation.
-            choose_weights: sets the model's final weights before export and evaluation
-                (also when a killed run resumes there); None: the last weights.
-
-        Returns:
-            The ``"valid"`` entry returned by ``evaluate`` ({} on non-chief workers).
-
-        Raises:
-            ValueError: ``steps_per_epoch`` is 0 (no training data), or the loss became NaN
-                (`tfx_transformer.training.callbacks.NonFiniteLossError`).
-        """
-        done = self.finished(default_epochs)
-        if done is not None:
-            return done
-        if steps_per_epoch == 0:
-            raise ValueError("no training batches: the training data is empty")
-        run, checks, workdir = self.run, list(checks), self.workdir
-        request, state = self._request(default_epochs), self._read_state()
-        if self._needs_training(state, request):
-            self._record(phase="training", request=request,
-                         **({"data": self._data} if getattr(self, "_data", None) else {}))
-            epochs = plan_epochs(request["epochs"], run.max_steps, steps_per_epoch)
-            spent = self.fit_seconds
-            progress = Progress(self.total_steps(default_epochs, steps_per_epoch),
-                                run.time_budget, spent,
-                                epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
-            all_callbacks = [*first_callbacks,
-                             *standard_callbacks(workdir, run.time_budget, run.max_steps,
-                                                 keep_backup=True, offset_seconds=spent,
-                                                 progress=progress),
-                             *callbacks]
-            history = model.fit(train_data, validation_data=valid_data, epochs=epochs,
-                                shuffle=False, callbacks=all_callbacks, verbose=0)
-            for check in checks:
-                check()
-            epochs_done = max([e + 1 for e in history.epoch], default=0)
-            metadata = workdir.backup / "training_metadata.json"
-            if metadata.exists():  # also counts the epochs of earlier processes
-                epochs_done = json.loads(metadata.read_text()).get("epoch", epochs_done)
-            state = self._record(phase="trained", epochs=epochs_done,
-                                steps=_iterations(model),
-                                train_seconds=round(time.monotonic() - self.started, 1))
-        elif is_chief():
-            self._restore(model, state)
-        if not is_chief():
-            return {}
-        if choose_weights is not None:
-            choose_weights()
-        if state["phase"] == "trained":
-            inject_fault("export")
-            export(workdir.export)
-            state = self._record(phase="exported", export_steps=state["steps"])
-            self.log(f"export: {workdir.export} ({state['steps']} steps)")
-        inject_fault("evaluate")
-        entries = dict(evaluate())
-        for check in checks:
-            check()
-        if "valid" not in entries:
-            raise KeyError("`evaluate` must return the 'valid' scores among its entries")
-        write_metrics(workdir, {**entries, "train_seconds": state.get("train_seconds")})
-        self._record(phase="finished")
-        return entries["valid"]
 
     def _read_state(self) -> dict:
         """``run.json``: the chief's on every worker (broadcast by the chief under

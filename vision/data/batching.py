@@ -123,7 +123,7 @@ class ObjectLimit:
         return tf.cond(count <= self.max_objects, lambda: tf.constant(True), over)
 
     def callback(self) -> keras.callbacks.Callback:
-        """A Keras callback that calls `check` at every batch end."""
+        """A Keras callback that calls `check` at every batch end and when `fit` ends."""
         return _ObjectLimitCallback(self)
 
 
@@ -133,6 +133,9 @@ class _ObjectLimitCallback(keras.callbacks.Callback):
         self.limit = limit
 
     def on_train_batch_end(self, batch, logs=None):
+        self.limit.check()
+
+    def on_train_end(self, logs=None):  # images of the last batches and of validation
         self.limit.check()
 
     def on_test_batch_end(self, batch, logs=None):

@@ -9,18 +9,18 @@ to queries and keys in every layer, padded keys masked); a query strategy
 points; the decoding strategy (`vision.modeling.refinement`) runs the decoder and predicts every
 layer's boxes; the shared class head gives the logits (last index = no-object).
 
-Training uses Keras ``fit``: ``compute_loss`` is the Hungarian-matched ``SetCriterion``.
+Training uses Keras ``fit``: ``compute_loss`` is the Hungarian-matched ``SetCriterion``
+(`vision.training.set_loss.SetLossModel`, the base class).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import keras
 from keras import ops
 
 from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, TransformerEncoder
-from tfx_transformer.training.distribute import num_replicas, replica_sum
 from vision.matching.losses import SetCriterion
 from vision.matching.matcher import HungarianMatcher
 from vision.modeling.backbone import build_backbone
@@ -29,7 +29,7 @@ from vision.modeling.heads import MLP
 from vision.modeling.init import reset_transformer_parameters, torch_linear_init
 from vision.modeling.queries import query_layer_class
 from vision.modeling.refinement import make_box_decoding
-from vision.training.optimizer import DetrAdamW
+from vision.training.set_loss import SetLossModel
 
 __all__ = ["DETR", "DetrOutput", "build_criterion", "build_model"]
 
@@ -52,7 +52,7 @@ class DetrOutput(NamedTuple):
 
 
 @keras.saving.register_keras_serializable(package="vision")
-class DETR(keras.Model):
+class DETR(SetLossModel):
     """DEtection TRansformer.
 
     Args:
@@ -158,9 +158,6 @@ class DETR(keras.Model):
         self.box_decoding = box_decoding
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
-        # (num_replicas, all_reduce_sum) set by `configure_replicas`; None: from the step's
-        # `tf.distribute` replica context.
-        self._replicas: tuple[int, Callable | None] | None = None
 
     def build(self, inputs_shape):
         images_shape = inputs_shape["images"] if isinstance(inputs_shape, dict) else inputs_shape
@@ -225,104 +222,6 @@ class DETR(keras.Model):
         memory_mask = ops.reshape(feature_valid, (batch, -1))  # (B, S)
         memory = self.encoder(x, padding_mask=memory_mask, pos=pos, training=training)
         return memory, pos, feature_valid
-
-    # --- training ----------------------------------------------------------------------------
-
-    def compile(self, optimizer=None, criterion: SetCriterion | None = None, jit_compile=False,
-                **kwargs):
-        """Configures training; ``loss`` is the set ``criterion``.
-
-        Args:
-            optimizer: defaults to ``DetrAdamW()`` (DETR's settings). A `DetrAdamW` without
-                backbone variables gets this model's ``backbone_variables``.
-            criterion: a `SetCriterion`; defaults to DETR's (``HungarianMatcher(1, 5, 2)``,
-                ``eos_coef`` 0.1, weights 1/5/2, auxiliary losses).
-            jit_compile: ``False`` by default because the matcher's default ``"scipy"`` solver
-                is a host callback that XLA cannot compile; with a
-                ``HungarianMatcher(solver="ops")`` criterion, ``True`` works.
-            **kwargs: other ``keras.Model.compile`` arguments (not ``loss``).
-        """
-        if kwargs.get("loss") is not None:
-            raise ValueError(
-                "DETR's loss is its set `criterion`; pass `criterion=`, not `loss=`. "
-                f"Received: loss={kwargs['loss']!r}"
-            )
-        kwargs.pop("loss", None)
-        optimizer = DetrAdamW() if optimizer is None else keras.optimizers.get(optimizer)
-        inner = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
-        if isinstance(inner, DetrAdamW) and not inner.has_backbone_variables:
-            inner.set_backbone_variables(self.backbone_variables)
-        if criterion is None:
-            criterion = SetCriterion(self.num_classes, HungarianMatcher())
-        self.criterion = criterion
-        super().compile(optimizer=optimizer, jit_compile=jit_compile, **kwargs)
-
-    def get_compile_config(self):
-        config = super().get_compile_config()
-        if config and self.criterion is not None:
-            config["criterion"] = keras.saving.serialize_keras_object(self.criterion)
-        return config
-
-    def compile_from_config(self, config):
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if self.built:
-            self.optimizer.build(self.trainable_variables)  # so that its state can be loaded
-
-    def configure_replicas(self, num_replicas: int, all_reduce_sum: Callable | None) -> None:
-        """Sets the cross-replica reduction of `compute_loss` explicitly.
-
-        Not needed under `tf.distribute`: without it `compute_loss` takes the replicas and
-        the all-reduce from the replica context of the step
-        (`tfx_transformer.training.distribute.num_replicas` and ``replica_sum``). Given,
-        ``num_replicas``
-        replaces that count and ``all_reduce_sum`` (a function summing a scalar over the
-        replicas, or None for no reduction) that sum.
-        """
-        if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or (
-                num_replicas < 1):
-            raise ValueError(
-                f"`num_replicas` must be a positive integer. Received: {num_replicas!r}"
-            )
-        self._replicas = (num_replicas, all_reduce_sum)
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        """The criterion's ``"loss"`` on ``y = {"labels", "boxes", "valid"}``.
-
-        Also updates the ``loss_ce``, ``loss_bbox`` and ``loss_giou`` metrics (last layer).
-
-        Under a `tf.distribute` strategy with ``n`` replicas this is DETR's distributed
-        loss: ``num_boxes`` is the number of targets summed over the replicas (an
-        all-reduce) divided by ``n``, then clamped to at least 1 (the criterion's clamp), as
-        in facebookresearch/detr; and each replica returns its loss divided by ``n``, because
-        Keras sums the replicas' gradients (DETR averages them) and reports the loss times
-        ``n`` averaged over the replicas (Keras's ``unscale_loss_for_distribution``). The box
-        losses then equal those of the global batch on one device. The classification loss
-        is, as in DETR, each replica's own weighted mean averaged over the replicas: it
-        equals the global one when the replicas' class weights add up alike (as many
-        objects on each replica, or ``eos_coef = 1`` with images of one size).
-        """
-        del x, sample_weight, training
-        if self.criterion is None:
-            raise ValueError("Call `compile()` before training or evaluating the model.")
-        if y is None or y_pred is None:
-            return None
-        if self._replicas is None:  # from the replica context; 1 and the identity outside
-            replicas, all_reduce_sum = num_replicas(), replica_sum
-        else:
-            replicas, all_reduce_sum = self._replicas
-        num_boxes = self.criterion.count_boxes(y)
-        if all_reduce_sum is not None:
-            num_boxes = all_reduce_sum(num_boxes) / replicas
-        losses = self.criterion(y_pred, y, num_boxes=num_boxes)
-        for tracker in self.loss_trackers:
-            tracker.update_state(losses[tracker.name])
-        loss = losses["loss"]
-        for extra in self.losses:  # regularization losses, if any
-            loss = loss + ops.cast(extra, loss.dtype)
-        if replicas > 1:
-            loss = loss / replicas
-        return loss
 
     # --- serialization -----------------------------------------------------------------------
 

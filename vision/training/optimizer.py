@@ -113,23 +113,24 @@ class DetrAdamW(keras.optimizers.Adam):
         return config
 
 
-def build_optimizer(config, model) -> DetrAdamW:
+def build_optimizer(config, model, learning_rate: Any = None) -> DetrAdamW:
     """DETR's optimizer for `model`, from a `vision.config.DetrConfig`.
 
     The backbone's step uses ``learning_rate * config.backbone_lr_multiplier`` at every
-    step, so it follows whatever sets the optimizer's ``learning_rate`` (e.g. the trainer's
-    learning-rate drop).
+    step, so it follows the optimizer's ``learning_rate`` (e.g. DETR's step drop).
 
     Args:
         config: learning rate, backbone multiplier, weight decay, epsilon and clipping norm
             are read from it (checked by `DetrConfig` itself).
         model: a `vision.modeling.detr.DETR`; its ``backbone_variables`` get the backbone rate.
+        learning_rate: the rate or schedule (e.g. DETR's step drop); None:
+            ``config.learning_rate``.
 
     Returns:
         A `DetrAdamW` with the backbone variables set.
     """
     optimizer = DetrAdamW(
-        learning_rate=config.learning_rate,
+        learning_rate=config.learning_rate if learning_rate is None else learning_rate,
         weight_decay=config.weight_decay,
         backbone_lr_multiplier=config.backbone_lr_multiplier,
         epsilon=config.adam_epsilon,
