@@ -22,6 +22,7 @@ import os
 import tensorflow as tf
 
 from nlp.data import embedded
+from tfx_transformer import checks
 
 __all__ = [
     "SCHEMES",
@@ -145,10 +146,7 @@ def split_pairs(pairs: list[Pair], valid_fraction: float = 0.05) -> tuple[list[P
     Returns:
         `(train, valid)`, each in the order of `pairs`.
     """
-    if not isinstance(valid_fraction, (int, float)) or not 0 <= valid_fraction < 1:
-        raise ValueError(
-            f"`valid_fraction` must be in [0, 1). Received: valid_fraction={valid_fraction!r}"
-        )
+    checks.fraction("valid_fraction", valid_fraction)
     sources = sorted({source for source, _ in pairs}, key=lambda s: (_source_hash(s), s))
     count = min(math.ceil(valid_fraction * len(sources)), len(sources) - 1)
     held_out = set(sources[: max(count, 0)])
@@ -160,8 +158,7 @@ def split_pairs(pairs: list[Pair], valid_fraction: float = 0.05) -> tuple[list[P
 def _check_split_and_limit(split: str, limit: int | None) -> None:
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"`limit` must be a non-negative integer. Received: limit={limit!r}")
+    checks.non_negative_int("limit", limit, optional=True)
 
 
 def _pairs_to_dataset(pairs: list[Pair]) -> tf.data.Dataset:

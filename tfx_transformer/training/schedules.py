@@ -11,6 +11,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from tfx_transformer import checks
+
 __all__ = ["BudgetSchedule", "NoamSchedule"]
 
 
@@ -30,14 +32,8 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
-        if not isinstance(d_model, int) or d_model <= 0:
-            raise ValueError(f"`d_model` must be a positive integer. Received: {d_model!r}")
-        if not isinstance(warmup_steps, int) or warmup_steps <= 0:
-            raise ValueError(
-                f"`warmup_steps` must be a positive integer. Received: {warmup_steps!r}"
-            )
-        self.d_model = d_model
-        self.warmup_steps = warmup_steps
+        self.d_model = checks.positive_int("d_model", d_model)
+        self.warmup_steps = checks.positive_int("warmup_steps", warmup_steps)
         self.scale = float(scale)
 
     def __call__(self, step):
@@ -74,15 +70,9 @@ class BudgetSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, peak: float, total_steps: int | None = None, warmup_share: float = 0.1):
-        if not (isinstance(peak, (int, float)) and peak > 0):
-            raise ValueError(f"`peak` must be a number > 0. Received: {peak!r}")
-        if total_steps is not None and not (isinstance(total_steps, int) and total_steps > 0):
-            raise ValueError(f"`total_steps` must be None or a positive integer. "
-                             f"Received: {total_steps!r}")
-        if not (isinstance(warmup_share, (int, float)) and 0 <= warmup_share < 1):
-            raise ValueError(f"`warmup_share` must be in [0, 1). Received: {warmup_share!r}")
-        self.peak, self.total_steps = float(peak), total_steps
-        self.warmup_share = float(warmup_share)
+        self.peak = checks.positive_number("peak", peak)
+        self.total_steps = checks.positive_int("total_steps", total_steps, optional=True)
+        self.warmup_share = checks.fraction("warmup_share", warmup_share)
         self.progress = keras.Variable(0.0, dtype="float32", trainable=False,
                                        name="budget_progress")
 

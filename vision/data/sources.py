@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
+from tfx_transformer import checks
 from vision.data import coco, shapes, tfds_source
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 
@@ -165,8 +166,7 @@ class DetectionSource:
         Raises:
             TooManyObjectsError: naming the image (id and description) and the counts.
         """
-        if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects < 1:
-            raise ValueError(f"`max_objects` must be a positive integer. Received: {max_objects!r}")
+        checks.positive_int("max_objects", max_objects)
         info = self._split(split)
         if info.counts is None or info.most_objects <= max_objects:
             return
@@ -327,8 +327,7 @@ def load_source(
             category_ids=data.category_ids,
         )
     for name, value in (("num_train", num_train), ("num_valid", num_valid)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
-            raise ValueError(f"`{name}` must be an integer in [0, 1000000]. Received: {value!r}")
+        checks.integer(name, value, minimum=0, maximum=1_000_000)
     make = dict(seed=seed, image_size=embedded_size, min_image_size=embedded_min_size)
     splits = {
         "train": _embedded_split(shapes.ShapesGenerator(split="train", **make), num_train, 0),
