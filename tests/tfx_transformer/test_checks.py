@@ -84,8 +84,8 @@ def test_positive_ints():
     assert checks.positive_ints("filters", [8, np.int32(16)]) == (8, 16)
     assert checks.positive_ints("pad_to", None, length=2, optional=True) is None
     for values in ((), (8, 0), (8, True), "ab", (8.0,)):
-        with pytest.raises(ValueError, match=rf"^`filters` must be a non-empty sequence of "
-                                             rf"positive integers\. Received: filters="):
+        with pytest.raises(ValueError, match=r"^`filters` must be a non-empty sequence of "
+                                             r"positive integers\. Received: filters="):
             checks.positive_ints("filters", values)
     with pytest.raises(ValueError, match=r"a sequence of 2 positive integers\. "
                                          r"Received: pad_to=\(1, 2, 3\)$"):
