@@ -19,6 +19,7 @@ from nlp.decoding import DecodingSettings
 from nlp.evaluate import evaluate
 from nlp.export import make_translate_fn
 from nlp.tokenizer import Tokenizer
+from tfx_transformer import checks
 from tfx_transformer.training.checkpoints import best_epoch
 from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.workdir import Workdir, read_metrics
@@ -47,8 +48,7 @@ class ValidationScores(keras.callbacks.Callback):
                  decoding: DecodingSettings | None = None, limit: int = 200,
                  batch_size: int = 64):
         super().__init__()
-        if not (isinstance(limit, int) and limit >= 1):
-            raise ValueError(f"`limit` must be a positive integer. Received: {limit!r}")
+        checks.positive_int("limit", limit)
         self.tokenizer, self.pairs = tokenizer, list(pairs)[:limit]
         self.decoding = decoding if decoding is not None else DecodingSettings(
             beam_size=1, extra_length=16)
@@ -83,8 +83,7 @@ class Patience(keras.callbacks.Callback):
                  monitor: str = "val_bleu", mode: str = "max", log=None):
         super().__init__()
         self.log = log
-        if not (isinstance(patience, int) and patience >= 1):
-            raise ValueError(f"`patience` must be a positive integer. Received: {patience!r}")
+        checks.positive_int("patience", patience)
         self.workdir, self.patience, self.monitor, self.mode = workdir, patience, monitor, mode
         self.stopped, self.reason = False, None
 

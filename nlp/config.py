@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from nlp.decoding import DecodingSettings
-from nlp.validation import check_bool, check_int, check_number
+from tfx_transformer import checks
 
 __all__ = ["DECODING_FIELDS", "NMTConfig", "PRESETS", "SCHEDULES", "preset"]
 
@@ -63,25 +63,22 @@ class NMTConfig:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"`{owner}.name` must be a non-empty string. Received: "
                              f"name={self.name!r}")
-        check_int(owner, "vocab_size", self.vocab_size, 5)  # 4 special ids + one piece
+        checks.integer(f"{owner}.vocab_size", self.vocab_size, minimum=5)  # 4 special ids + 1
         for field in ("num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
-                     "ffn_dim", "max_positions", "warmup_steps", "batch_tokens"):
-            check_int(owner, field, getattr(self, field), 1)
-        check_int(owner, "max_length", self.max_length, 2)  # eos/bos plus one token
-        for field in ("dropout", "activation_dropout", "label_smoothing"):
-            check_number(owner, field, getattr(self, field), 0.0, 1.0)
-        check_number(owner, "lr_scale", self.lr_scale, 0.0, exclusive_minimum=True)
+                      "ffn_dim", "max_positions", "warmup_steps", "batch_tokens"):
+            checks.positive_int(f"{owner}.{field}", getattr(self, field))
+        checks.integer(f"{owner}.max_length", self.max_length, minimum=2)  # eos/bos + a token
+        for field in ("dropout", "activation_dropout", "label_smoothing", "warmup_share"):
+            checks.fraction(f"{owner}.{field}", getattr(self, field))
+        checks.positive_number(f"{owner}.lr_scale", self.lr_scale)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"`{owner}.schedule` must be one of {SCHEDULES}. Received: "
                              f"schedule={self.schedule!r}")
-        check_number(owner, "warmup_share", self.warmup_share, 0.0, 1.0)
-        check_int(owner, "valid_sentences", self.valid_sentences, 0)
-        if self.average_last is not None:
-            check_int(owner, "average_last", self.average_last, 1)
-        if self.patience is not None:
-            check_int(owner, "patience", self.patience, 1)
-        check_bool(owner, "norm_first", self.norm_first)
-        check_bool(owner, "tie_embeddings", self.tie_embeddings)
+        checks.non_negative_int(f"{owner}.valid_sentences", self.valid_sentences)
+        checks.positive_int(f"{owner}.average_last", self.average_last, optional=True)
+        checks.positive_int(f"{owner}.patience", self.patience, optional=True)
+        checks.boolean(f"{owner}.norm_first", self.norm_first)
+        checks.boolean(f"{owner}.tie_embeddings", self.tie_embeddings)
         if not isinstance(self.decoding, DecodingSettings):
             raise TypeError(f"`{owner}.decoding` must be a DecodingSettings. "
                             f"Received: decoding={self.decoding!r}")

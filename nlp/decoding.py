@@ -39,7 +39,7 @@ import keras
 
 from nlp.beam import beam_search, beam_search_uncached
 from nlp.greedy import greedy_search, greedy_search_uncached
-from nlp.validation import check_int, check_number
+from tfx_transformer import checks
 
 __all__ = [
     "DecodingSettings",
@@ -69,9 +69,9 @@ class DecodingSettings:
 
     def __post_init__(self):
         owner = type(self).__name__
-        check_int(owner, "beam_size", self.beam_size, 1)
-        check_number(owner, "length_penalty", self.length_penalty, 0.0)
-        check_int(owner, "extra_length", self.extra_length, 0)
+        checks.positive_int(f"{owner}.beam_size", self.beam_size)
+        checks.non_negative_number(f"{owner}.length_penalty", self.length_penalty)
+        checks.non_negative_int(f"{owner}.extra_length", self.extra_length)
 
     def greedy(self) -> DecodingSettings:
         """The same settings with ``beam_size=1``."""

@@ -13,14 +13,9 @@ import numpy as np
 import sacrebleu
 import tensorflow as tf
 
+from tfx_transformer import checks
+
 __all__ = ["translate_all", "nbest_all", "score", "evaluate"]
-
-
-def _check_batch_size(batch_size) -> None:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(
-            f"`batch_size` must be an integer >= 1. Received: batch_size={batch_size!r}"
-        )
 
 
 def _in_length_order(run: Callable, sources: Sequence[str], batch_size: int,
@@ -28,7 +23,7 @@ def _in_length_order(run: Callable, sources: Sequence[str], batch_size: int,
     """``run(texts)`` (a list of one result per text) over ``sources``, in batches of
     similar length (sorted by characters: a batch decodes until its slowest sentence is done,
     and pads to its longest), the results in the order of ``sources``."""
-    _check_batch_size(batch_size)
+    checks.positive_int("batch_size", batch_size)
     order = np.argsort([len(s) for s in sources], kind="stable")
     out: list = [None] * len(sources)
     bar = keras.utils.Progbar(len(sources), unit_name="sentence") if progress else None
@@ -75,9 +70,7 @@ def nbest_all(translate_nbest: Callable, sources: Sequence[str], nbest: int | No
     Raises:
         ValueError: ``batch_size`` or ``nbest`` is not a positive integer.
     """
-    if nbest is not None and (isinstance(nbest, bool) or not isinstance(nbest, int)
-                              or nbest < 1):
-        raise ValueError(f"`nbest` must be an integer >= 1. Received: nbest={nbest!r}")
+    checks.positive_int("nbest", nbest, optional=True)
 
     def run(texts):
         hypotheses, scores = translate_nbest(texts)

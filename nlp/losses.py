@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from nlp.tokenizer import PAD_ID
+from tfx_transformer import checks
 from tfx_transformer.training.distribute import replica_sum
 
 __all__ = ["MaskedLabelSmoothedCrossEntropy", "MaskedAccuracy"]
@@ -42,9 +43,7 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
                  name: str = "label_smoothed_cross_entropy", **kwargs):
         kwargs.pop("reduction", None)
         super().__init__(name=name, reduction="sum", **kwargs)
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"`label_smoothing` must be in [0, 1). Received: {label_smoothing}")
-        self.label_smoothing = label_smoothing
+        self.label_smoothing = checks.fraction("label_smoothing", label_smoothing)
         self.pad_id = pad_id
 
     def call(self, y_true, y_pred):

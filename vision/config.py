@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfx_transformer import checks
 from vision.data.batching import AUGMENTATIONS
 from vision.matching.assignment import SOLVERS
 from vision.modeling.backbone import BACKBONES
@@ -131,36 +132,24 @@ class DetrConfig:
 
 
 def _fail(field: str, value, expected: str):
-    raise ValueError(f"DetrConfig.{field} must be {expected}. Received: {field}={value!r}")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    raise checks.CheckError(f"DetrConfig.{field}", value, expected)
 
 
 def _check_types(config: DetrConfig) -> None:
     for field in _POSITIVE_INTS:
-        value = getattr(config, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            _fail(field, value, "a positive integer")
+        checks.positive_int(f"DetrConfig.{field}", getattr(config, field))
     for field in _NON_NEGATIVE:
-        value = getattr(config, field)
-        if not _is_number(value) or not value >= 0:
-            _fail(field, value, "a number >= 0")
+        checks.non_negative_number(f"DetrConfig.{field}", getattr(config, field))
     for field in ("learning_rate", "adam_epsilon"):
-        value = getattr(config, field)
-        if not _is_number(value) or not value > 0:
-            _fail(field, value, "a number > 0")
+        checks.positive_number(f"DetrConfig.{field}", getattr(config, field))
     for field in _BOOLS:
-        if not isinstance(getattr(config, field), bool):
-            _fail(field, getattr(config, field), "True or False")
+        checks.boolean(f"DetrConfig.{field}", getattr(config, field))
     for field in ("name", "backbone", "query_type", "matcher_solver", "augmentation"):
         if not isinstance(getattr(config, field), str):
             _fail(field, getattr(config, field), "a string")
-    if not isinstance(config.tiny_filters, tuple) or not config.tiny_filters or not all(
-            isinstance(f, int) and not isinstance(f, bool) and f > 0
-            for f in config.tiny_filters):
+    if not isinstance(config.tiny_filters, tuple):
         _fail("tiny_filters", config.tiny_filters, "a non-empty tuple of positive integers")
+    checks.positive_ints("DetrConfig.tiny_filters", config.tiny_filters)
 
 
 def _check_values(config: DetrConfig) -> None:
@@ -173,8 +162,7 @@ def _check_values(config: DetrConfig) -> None:
     if config.hidden_dim % 4 or config.hidden_dim % config.num_heads:
         _fail("hidden_dim", config.hidden_dim,
               f"a multiple of 4 and of num_heads={config.num_heads}")
-    if not _is_number(config.dropout) or not 0 <= config.dropout < 1:
-        _fail("dropout", config.dropout, "a number in [0, 1)")
+    checks.fraction("DetrConfig.dropout", config.dropout)
     # Query strategy, then the decoder side that must fit it (refinement, radius).
     query_layer = query_layer_class(config.query_type)
     make_box_decoding(config.box_refinement, config.attention_radius,
@@ -183,15 +171,10 @@ def _check_values(config: DetrConfig) -> None:
         _fail("cost_class", config.cost_class, "non-zero, or cost_bbox or cost_giou non-zero")
     if config.matcher_solver not in SOLVERS:
         _fail("matcher_solver", config.matcher_solver, f"one of {SOLVERS}")
-    if config.clip_norm is not None and (not _is_number(config.clip_norm)
-                                         or not config.clip_norm > 0):
-        _fail("clip_norm", config.clip_norm, "None or a number > 0")
-    if isinstance(config.lr_drop_epochs, bool) or not isinstance(config.lr_drop_epochs, int) or (
-            config.lr_drop_epochs < 0):
-        _fail("lr_drop_epochs", config.lr_drop_epochs, "an integer >= 0")
-    if config.lr_drop_fraction is not None and (
-            not _is_number(config.lr_drop_fraction) or not 0 < config.lr_drop_fraction <= 1):
-        _fail("lr_drop_fraction", config.lr_drop_fraction, "None or a number in (0, 1]")
+    checks.positive_number("DetrConfig.clip_norm", config.clip_norm, optional=True)
+    checks.non_negative_int("DetrConfig.lr_drop_epochs", config.lr_drop_epochs)
+    checks.fraction("DetrConfig.lr_drop_fraction", config.lr_drop_fraction, interval="(]",
+                    optional=True)
     if config.augmentation not in AUGMENTATIONS:
         _fail("augmentation", config.augmentation, f"one of {AUGMENTATIONS}")
 

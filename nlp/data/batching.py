@@ -10,6 +10,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from nlp.tokenizer import Tokenizer
+from tfx_transformer import checks
 
 __all__ = ["BatchStats", "bucket_boundaries", "make_batches"]
 
@@ -41,11 +42,6 @@ def bucket_boundaries(max_length: int, min_length: int = 8, step: float = 1.25) 
         boundaries.append(bound)
         bound = max(bound + 1, int(bound * step))
     return boundaries + [max_length + 1]
-
-
-def _check_positive_int(name: str, value: object, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"`{name}` must be an integer >= {minimum}. Received: {name}={value!r}")
 
 
 def make_batches(
@@ -93,10 +89,10 @@ def make_batches(
         ValueError: If `batch_tokens`, `max_length`, `shuffle_buffer` or `num_replicas` is
             invalid.
     """
-    _check_positive_int("batch_tokens", batch_tokens)
-    _check_positive_int("max_length", max_length, minimum=2)
-    _check_positive_int("shuffle_buffer", shuffle_buffer)
-    _check_positive_int("num_replicas", num_replicas)
+    checks.positive_int("batch_tokens", batch_tokens)
+    checks.integer("max_length", max_length, minimum=2)
+    checks.positive_int("shuffle_buffer", shuffle_buffer)
+    checks.positive_int("num_replicas", num_replicas)
     stats = BatchStats()
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
     pad = tf.constant(tokenizer.pad_id, tf.int32)

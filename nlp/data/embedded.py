@@ -28,6 +28,8 @@ from typing import Callable
 from babel import dates as babel_dates
 from num2words import num2words
 
+from tfx_transformer import checks
+
 __all__ = [
     "DEFAULT_SIZES",
     "SPLITS",
@@ -362,8 +364,7 @@ def generate_pairs(n: int | None = None, seed: int = 0, split: str = "train") ->
         raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
     if n is None:
         n = DEFAULT_SIZES[split]
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"`n` must be a non-negative integer. Received: n={n!r}")
+    checks.non_negative_int("n", n)
     rng = random.Random(seed)
     pairs: list[Pair] = []
     seen: set[str] = set()

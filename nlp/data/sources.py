@@ -22,6 +22,9 @@ import os
 import tensorflow as tf
 
 from nlp.data import embedded
+from tfx_transformer import checks
+from tfx_transformer.training import data_spec
+from tfx_transformer.training.data_spec import DataSpec
 
 __all__ = [
     "SCHEMES",
@@ -34,40 +37,22 @@ __all__ = [
     "split_pairs",
 ]
 
-SCHEMES = ("embedded", "tsv", "tfds")
+SCHEMES = {"embedded": (), "tsv": ("PATH",), "tfds": ("NAME",)}  # scheme -> its parts
 SPLITS = ("train", "valid", "all")
 
 Pair = tuple[str, str]
 
 
-def parse_data_spec(spec: str) -> tuple[str, str]:
-    """Splits a `--data` spec into (scheme, argument).
-
-    Args:
-        spec: "embedded", "tsv:PATH" or "tfds:NAME".
+def parse_data_spec(spec: str) -> DataSpec:
+    """Splits a `--data` spec: "embedded", "tsv:PATH" or "tfds:NAME".
 
     Returns:
-        `(scheme, argument)`; the argument is "" for `embedded`.
+        `(scheme, parts)`: `("embedded", ())`, `("tsv", (path,))` or `("tfds", (name,))`.
 
     Raises:
-        ValueError: For an unknown scheme or a missing argument.
+        ValueError: For an unknown scheme or a missing argument (naming `--data` and `spec`).
     """
-    if not isinstance(spec, str):
-        raise ValueError(f"`data` must be a string such as 'embedded'. Received: data={spec!r}")
-    scheme, _, argument = spec.partition(":")
-    if scheme not in SCHEMES:
-        raise ValueError(
-            f"Unknown data scheme {scheme!r} in data={spec!r}. "
-            "Accepted: 'embedded', 'tsv:PATH', 'tfds:NAME'."
-        )
-    if scheme == "embedded" and argument:
-        raise ValueError(f"`embedded` takes no argument. Received: data={spec!r}")
-    if scheme != "embedded" and not argument:
-        raise ValueError(
-            f"`{scheme}:` needs a {'path' if scheme == 'tsv' else 'dataset name'}. "
-            f"Received: data={spec!r}"
-        )
-    return scheme, argument
+    return data_spec.parse_data_spec(spec, SCHEMES)
 
 
 def evaluation_split(spec: str) -> str:
@@ -145,10 +130,7 @@ def split_pairs(pairs: list[Pair], valid_fraction: float = 0.05) -> tuple[list[P
     Returns:
         `(train, valid)`, each in the order of `pairs`.
     """
-    if not isinstance(valid_fraction, (int, float)) or not 0 <= valid_fraction < 1:
-        raise ValueError(
-            f"`valid_fraction` must be in [0, 1). Received: valid_fraction={valid_fraction!r}"
-        )
+    checks.fraction("valid_fraction", valid_fraction)
     sources = sorted({source for source, _ in pairs}, key=lambda s: (_source_hash(s), s))
     count = min(math.ceil(valid_fraction * len(sources)), len(sources) - 1)
     held_out = set(sources[: max(count, 0)])
@@ -160,8 +142,7 @@ def split_pairs(pairs: list[Pair], valid_fraction: float = 0.05) -> tuple[list[P
 def _check_split_and_limit(split: str, limit: int | None) -> None:
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"`limit` must be a non-negative integer. Received: limit={limit!r}")
+    checks.non_negative_int("limit", limit, optional=True)
 
 
 def _pairs_to_dataset(pairs: list[Pair]) -> tf.data.Dataset:
@@ -178,7 +159,7 @@ def _tfds_dataset(name: str, split: str, data_dir: str | None) -> tf.data.Datase
     except tfds.core.registered.DatasetNotFoundError:
         # Its own message lists every dataset TFDS knows: thousands of lines.
         raise ValueError(
-            f"TensorFlow Datasets has no dataset {name!r}. Received: data='tfds:{name}'"
+            f"TensorFlow Datasets has no dataset {name!r}. Received: --data 'tfds:{name}'"
         ) from None
     keys = builder.info.supervised_keys
     if not keys:
@@ -224,10 +205,10 @@ def load_dataset(
     Raises:
         ValueError: For a bad spec, split, file or argument.
     """
-    scheme, argument = parse_data_spec(spec)
+    scheme, parts = parse_data_spec(spec)
     _check_split_and_limit(split, limit)
     if scheme == "tfds":
-        ds = _tfds_dataset(argument, split, data_dir)
+        ds = _tfds_dataset(parts[0], split, data_dir)
         return ds if limit is None else ds.take(limit)
     return _pairs_to_dataset(
         load_pairs(spec, split, valid_fraction=valid_fraction, seed=seed, limit=limit)
@@ -244,7 +225,7 @@ def load_pairs(
     data_dir: str | None = None,
 ) -> list[Pair]:
     """Like `load_dataset`, but returns a Python list of `(source, target)` strings."""
-    scheme, argument = parse_data_spec(spec)
+    scheme, parts = parse_data_spec(spec)
     _check_split_and_limit(split, limit)
     if scheme == "tfds":
         ds = load_dataset(spec, split, limit=limit, data_dir=data_dir)
@@ -253,6 +234,6 @@ def load_pairs(
         splits = ["train", "valid"] if split == "all" else [split]
         pairs = [p for name in splits for p in embedded.generate_pairs(limit, seed, name)]
     else:
-        train, valid = split_pairs(read_tsv(argument), valid_fraction)
+        train, valid = split_pairs(read_tsv(parts[0]), valid_fraction)
         pairs = {"train": train, "valid": valid, "all": train + valid}[split]
     return pairs if limit is None else pairs[:limit]

@@ -118,14 +118,15 @@ def test_decoding_settings_defaults_and_greedy():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("beam_size", 0, "`DecodingSettings.beam_size` must be an integer >= 1. Received: beam_size=0"),
+    ("beam_size", 0, "`DecodingSettings.beam_size` must be a positive integer. "
+                     "Received: beam_size=0"),
     ("beam_size", 2.0, "beam_size=2.0"),
     ("beam_size", True, "beam_size=True"),
-    ("length_penalty", -0.1, "`DecodingSettings.length_penalty` must be a number >= 0.0. "
+    ("length_penalty", -0.1, "`DecodingSettings.length_penalty` must be a non-negative number. "
                              "Received: length_penalty=-0.1"),
     ("length_penalty", float("nan"), "length_penalty=nan"),
     ("length_penalty", "0.6", "length_penalty='0.6'"),
-    ("extra_length", -1, "`DecodingSettings.extra_length` must be an integer >= 0. "
+    ("extra_length", -1, "`DecodingSettings.extra_length` must be a non-negative integer. "
                          "Received: extra_length=-1"),
 ])
 def test_decoding_settings_reject_bad_values(field, value, message):

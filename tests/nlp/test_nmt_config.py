@@ -66,19 +66,19 @@ def test_decoding_overrides_are_routed_into_decoding():
 @pytest.mark.parametrize("field, value, message", [
     ("name", "", "`NMTConfig.name` must be a non-empty string. Received: name=''"),
     ("vocab_size", 4, "`NMTConfig.vocab_size` must be an integer >= 5. Received: vocab_size=4"),
-    ("num_encoder_layers", 0, "`NMTConfig.num_encoder_layers` must be an integer >= 1. "
+    ("num_encoder_layers", 0, "`NMTConfig.num_encoder_layers` must be a positive integer. "
                               "Received: num_encoder_layers=0"),
     ("num_decoder_layers", 1.0, "num_decoder_layers=1.0"),
-    ("d_model", "512", "`NMTConfig.d_model` must be an integer >= 1. Received: d_model='512'"),
+    ("d_model", "512", "`NMTConfig.d_model` must be a positive integer. Received: d_model='512'"),
     ("num_heads", -1, "num_heads=-1"),
     ("ffn_dim", True, "ffn_dim=True"),
-    ("dropout", 1.0, "`NMTConfig.dropout` must be a number in [0.0, 1.0). Received: dropout=1.0"),
+    ("dropout", 1.0, "`NMTConfig.dropout` must be a number in [0, 1). Received: dropout=1.0"),
     ("activation_dropout", -0.5, "activation_dropout=-0.5"),
     ("label_smoothing", None, "label_smoothing=None"),
     ("max_length", 1, "`NMTConfig.max_length` must be an integer >= 2. Received: max_length=1"),
     ("max_positions", 0, "max_positions=0"),
     ("warmup_steps", 0, "warmup_steps=0"),
-    ("lr_scale", 0.0, "`NMTConfig.lr_scale` must be a number > 0.0. Received: lr_scale=0.0"),
+    ("lr_scale", 0.0, "`NMTConfig.lr_scale` must be a positive number. Received: lr_scale=0.0"),
     ("batch_tokens", 0, "batch_tokens=0"),
     ("norm_first", "yes", "`NMTConfig.norm_first` must be True or False. Received: "
                           "norm_first='yes'"),

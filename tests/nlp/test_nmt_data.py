@@ -30,10 +30,10 @@ def _write(path, content: bytes) -> str:
 def test_unknown_scheme_names_it_and_the_accepted_ones():
     with pytest.raises(ValueError, match=r"'csv'.*embedded.*tsv:PATH.*tfds:NAME"):
         sources.parse_data_spec("csv:/tmp/x.csv")
-    with pytest.raises(ValueError, match="needs a path"):
+    with pytest.raises(ValueError, match=r"`--data` must be 'tsv:PATH'.*Received: --data 'tsv:'"):
         sources.load_pairs("tsv:")
     spec = sources.parse_data_spec("tfds:wmt14_translate/de-en")
-    assert spec == ("tfds", "wmt14_translate/de-en")
+    assert spec == ("tfds", ("wmt14_translate/de-en",)) and spec.parts[0] == "wmt14_translate/de-en"
     assert sources.evaluation_split("tsv:x.tsv") == "all"
     assert sources.evaluation_split("embedded") == "valid"
     with pytest.raises(ValueError, match="split=.*'test'"):

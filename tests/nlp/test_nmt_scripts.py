@@ -58,8 +58,8 @@ def test_batch_size_must_be_positive(translate_py, capsys, value):
         run_cli(translate_py.main, ["--model", "m", "--batch-size", value, "hi"])
     err = capsys.readouterr().err
     assert info.value.code == 2
-    assert f"argument --batch-size: must be > 0, got '{value}'" in err
-    with pytest.raises(ValueError, match=f"`batch_size` must be an integer >= 1. Received: "
+    assert f"argument --batch-size: must be a positive integer, got '{value}'" in err
+    with pytest.raises(ValueError, match=f"`batch_size` must be a positive integer. Received: "
                                          f"batch_size={value}"):
         evaluate.translate_all(lambda texts: texts, ["a"], int(value))
 
@@ -218,5 +218,5 @@ def test_nbest_must_be_a_positive_integer(translate_py, capsys, value):
         run_cli(translate_py.main, ["--model", "m", "--nbest", value, "hi"])
     err = capsys.readouterr().err
     assert info.value.code == 2
-    assert f"argument --nbest: {'expected a int' if value == 'x' else 'must be > 0'}, " \
-           f"got '{value}'" in err
+    expected = "expected a int" if value == "x" else "must be a positive integer"
+    assert f"argument --nbest: {expected}, got '{value}'" in err

@@ -116,7 +116,7 @@ def test_out_of_range_run_options_are_one_error_line(script, trainer, monkeypatc
     assert run_cli(module.main, ["--workdir", "w", "--valid-fraction", "1"]) == 2
     assert calls == []
     assert capsys.readouterr().err == (
-        "error: `--valid-fraction` must be in [0, 1). Received: --valid-fraction 1.0\n")
+        "error: `--valid-fraction` must be a number in [0, 1). Received: --valid-fraction 1.0\n")
 
 
 class _Stop(Exception):

@@ -85,7 +85,7 @@ def test_default_average_is_a_quarter_of_the_epochs(run):
         model.save_weights(str(workdir.checkpoints / f"epoch-{epoch:03d}.weights.h5"))
     assert "epochs 5-6" in choose_weights(model, workdir, average_last=None)
     _close(model, _mean(saved, (1, 2)))
-    with pytest.raises(ValueError, match="positive integer or None"):
+    with pytest.raises(ValueError, match="None or a positive integer"):
         choose_weights(model, workdir, average_last=0)
 
 

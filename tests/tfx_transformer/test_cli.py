@@ -31,13 +31,13 @@ def test_positive_parses_its_kind_and_rejects_the_rest():
     as_int, as_float = positive(int), positive(float)
     assert as_int("3") == 3 and type(as_int("3")) is int
     assert as_float("0.25") == 0.25 and as_float("2") == 2.0 and type(as_float("2")) is float
-    for parse, bad, message in ((as_int, "0", "must be > 0, got '0'"),
-                                (as_int, "-2", "must be > 0"),
+    for parse, bad, message in ((as_int, "0", "^must be a positive integer, got '0'$"),
+                                (as_int, "-2", "must be a positive integer"),
                                 (as_int, "1.5", "expected a int, got '1.5'"),
-                                (as_float, "-0.1", "must be > 0"),
-                                (as_float, "nan", "must be a finite number > 0, got 'nan'"),
-                                (as_float, "inf", "must be a finite number > 0"),
-                                (as_float, "-inf", "must be a finite number > 0"),
+                                (as_float, "-0.1", "must be a positive number, got '-0.1'"),
+                                (as_float, "nan", "must be a positive number, got 'nan'"),
+                                (as_float, "inf", "must be a positive number"),
+                                (as_float, "-inf", "must be a positive number"),
                                 (as_float, "x", "expected a float")):
         with pytest.raises(argparse.ArgumentTypeError, match=message):
             parse(bad)
@@ -47,7 +47,7 @@ def test_positive_is_reported_by_argparse(capsys):
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-size", type=positive(int))
     assert _exit_code(parser, ["--batch-size", "0"]) == 2
-    assert "--batch-size: must be > 0, got '0'" in capsys.readouterr().err
+    assert "--batch-size: must be a positive integer, got '0'" in capsys.readouterr().err
 
 
 def test_run_flags_default_to_the_run_options_defaults():

@@ -18,7 +18,7 @@ MEAN, STD = np.array(augment.IMAGENET_MEAN), np.array(augment.IMAGENET_STD)
 def test_unknown_scheme_and_bad_specs():
     with pytest.raises(ValueError, match=r"'csv'.*embedded.*coco:IMAGES_DIR:ANNOTATIONS.*tfds:"):
         data.load_source("csv:/tmp/x.csv")
-    with pytest.raises(ValueError, match="images folder and an annotations file"):
+    with pytest.raises(ValueError, match=r"must be 'coco:IMAGES_DIR:ANNOTATIONS.json'"):
         data.parse_data_spec("coco:/only/images")
     assert data.parse_data_spec("coco:imgs:ann.json") == ("coco", ("imgs", "ann.json"))
     assert data.parse_data_spec("tfds:voc/2007") == ("tfds", ("voc/2007",))

@@ -192,5 +192,6 @@ def test_bad_input_raises(kwargs, match):
 def test_bad_constructor_arguments_raise():
     with pytest.raises(ValueError, match=r"`num_classes` must be a positive integer.*0"):
         SetCriterion(0, HungarianMatcher())
-    with pytest.raises(ValueError, match=r"`eos_coef` must be >= 0\. Received: eos_coef=-1"):
+    with pytest.raises(ValueError,
+                       match=r"`eos_coef` must be a non-negative number\. Received: eos_coef=-1"):
         SetCriterion(2, HungarianMatcher(), eos_coef=-1)

@@ -10,6 +10,7 @@ import keras
 import optree
 from keras import ops
 
+from tfx_transformer import checks
 from tfx_transformer.layers.dot_product import scaled_dot_product_attention
 from tfx_transformer.layers.masks import causal_mask, check_mask_rank, merge_masks
 
@@ -145,16 +146,10 @@ class MultiHeadAttention(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"`num_heads` must be a positive integer. Received: {num_heads!r}")
-        if not isinstance(key_dim, int) or key_dim <= 0:
-            raise ValueError(f"`key_dim` must be a positive integer. Received: {key_dim!r}")
-        if value_dim is not None and (not isinstance(value_dim, int) or value_dim <= 0):
-            raise ValueError(f"`value_dim` must be a positive integer. Received: {value_dim!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: {dropout!r}")
-        self.num_heads = num_heads
-        self.key_dim = key_dim
+        self.num_heads = checks.positive_int("num_heads", num_heads)
+        self.key_dim = checks.positive_int("key_dim", key_dim)
+        value_dim = checks.positive_int("value_dim", value_dim, optional=True)
+        dropout = checks.fraction("dropout", dropout)
         self.value_dim = value_dim or key_dim
         self.dropout = dropout
         self.use_bias = use_bias

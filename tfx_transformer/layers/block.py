@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from tfx_transformer import checks
 from tfx_transformer.layers.attention import MultiHeadAttention
 from tfx_transformer.layers.feedforward import FeedForward
 
@@ -11,12 +12,9 @@ __all__ = ["ResidualBlockLayer", "block_arguments", "layer_norm"]
 
 
 def _check_arguments(num_heads, hidden_dim, dropout) -> None:
-    if not isinstance(num_heads, int) or num_heads <= 0:
-        raise ValueError(f"`num_heads` must be a positive integer. Received: {num_heads!r}")
-    if not isinstance(hidden_dim, int) or hidden_dim <= 0:
-        raise ValueError(f"`hidden_dim` must be a positive integer. Received: {hidden_dim!r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"`dropout` must be in [0, 1). Received: {dropout!r}")
+    checks.positive_int("num_heads", num_heads)
+    checks.positive_int("hidden_dim", hidden_dim)
+    checks.fraction("dropout", dropout)
 
 
 def block_arguments(

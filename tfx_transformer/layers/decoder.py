@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from tfx_transformer import checks
 from tfx_transformer.layers.attention import AttentionOutput
 from tfx_transformer.layers.block import ResidualBlockLayer, block_arguments, layer_norm
 from tfx_transformer.layers.masks import to_attention_mask
@@ -201,9 +202,7 @@ class TransformerDecoder(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_layers, int) or num_layers <= 0:
-            raise ValueError(f"`num_layers` must be a positive integer. Received: {num_layers!r}")
-        self.num_layers = num_layers
+        self.num_layers = checks.positive_int("num_layers", num_layers)
         self.return_intermediate = return_intermediate
         self.final_norm = final_norm
         # Forwarded to every layer as they are, and saved in the config.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from tfx_transformer import checks
 from tfx_transformer.layers.block import ResidualBlockLayer, block_arguments, layer_norm
 from tfx_transformer.layers.masks import key_padding_mask
 from tfx_transformer.layers.position import add_position
@@ -99,9 +100,7 @@ class TransformerEncoder(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(num_layers, int) or num_layers <= 0:
-            raise ValueError(f"`num_layers` must be a positive integer. Received: {num_layers!r}")
-        self.num_layers = num_layers
+        self.num_layers = checks.positive_int("num_layers", num_layers)
         self.final_norm = final_norm
         # Forwarded to every layer as they are, and saved in the config.
         self._layer_arguments = block_arguments(

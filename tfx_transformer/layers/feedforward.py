@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import keras
 
+from tfx_transformer import checks
+
 __all__ = ["FeedForward"]
 
 
@@ -37,12 +39,8 @@ class FeedForward(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(hidden_dim, int) or hidden_dim <= 0:
-            raise ValueError(f"`hidden_dim` must be a positive integer. Received: {hidden_dim!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"`dropout` must be in [0, 1). Received: {dropout!r}")
-        self.hidden_dim = hidden_dim
-        self.dropout = dropout
+        self.hidden_dim = checks.positive_int("hidden_dim", hidden_dim)
+        self.dropout = checks.fraction("dropout", dropout)
         self.activation = keras.activations.get(activation)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

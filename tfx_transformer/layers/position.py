@@ -8,6 +8,8 @@ from typing import Any
 import keras
 from keras import ops
 
+from tfx_transformer import checks
+
 __all__ = [
     "SinusoidalPositionEncoding", "LearnedPositionEmbedding", "SinePositionEmbedding2D",
     "sine_features", "add_position",
@@ -56,8 +58,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def __init__(self, max_length: int = 2048, layout: str = "interleaved", **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(max_length, int) or max_length <= 0:
-            raise ValueError(f"`max_length` must be a positive integer. Received: {max_length!r}")
+        max_length = checks.positive_int("max_length", max_length)
         if layout not in _LAYOUTS:
             raise ValueError(f"`layout` must be one of {_LAYOUTS}. Received: layout={layout!r}")
         self.max_length = max_length
@@ -111,9 +112,7 @@ class LearnedPositionEmbedding(keras.layers.Layer):
 
     def __init__(self, max_length: int, initializer="glorot_uniform", **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(max_length, int) or max_length <= 0:
-            raise ValueError(f"`max_length` must be a positive integer. Received: {max_length!r}")
-        self.max_length = max_length
+        self.max_length = checks.positive_int("max_length", max_length)
         self.initializer = keras.initializers.get(initializer)
 
     def build(self, input_shape):

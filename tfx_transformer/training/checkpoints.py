@@ -22,6 +22,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from tfx_transformer import checks
 from tfx_transformer.training.workdir import Workdir, read_metrics
 
 __all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "average_count", "average_weights", "best_epoch",
@@ -105,11 +106,7 @@ def choose_weights(model: keras.Model, workdir: Workdir | str | os.PathLike,
     Raises:
         ValueError: ``average_last`` < 1, or a checkpoint that does not fit ``model``.
     """
-    if average_last is not None and not (isinstance(average_last, int)
-                                         and not isinstance(average_last, bool)
-                                         and average_last >= 1):
-        raise ValueError("`average_last` must be a positive integer or None. Received: "
-                         f"{average_last!r}")
+    checks.positive_int("average_last", average_last, optional=True)
     history = read_metrics(workdir).get("history", [])
     checkpoints = epoch_checkpoints(workdir)
     last = max([e["epoch"] for e in history] or list(checkpoints) or [0])

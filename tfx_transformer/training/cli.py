@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from tfx_transformer import checks
 from tfx_transformer.training.distribute import STRATEGIES
 from tfx_transformer.training.precision import MIXED_PRECISION
 from tfx_transformer.training.run import RunOptions
@@ -40,23 +40,24 @@ __all__ = [
 
 
 def positive(kind: type = int) -> Callable[[str], Any]:
-    """An argparse ``type=`` that parses ``kind`` (`int` or `float`) and accepts only finite
-    values > 0 (``nan`` and ``inf`` are refused).
+    """An argparse ``type=`` that parses ``kind`` (`int` or `float`) and accepts only the
+    values `tfx_transformer.checks` takes for it: a positive integer, or a finite number > 0
+    (``nan`` and ``inf`` are refused).
 
     Example:
         >>> parser.add_argument("--batch-size", type=positive(int))
     """
+    check = checks.positive_int if kind is int else checks.positive_number
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-        return value
+        try:
+            return kind(check("value", value))
+        except checks.CheckError as error:  # argparse names the flag: "argument --x: ..."
+            raise argparse.ArgumentTypeError(f"must be {error.expected}, got {text!r}") from None
 
     parse.__name__ = f"positive {kind.__name__}"  # argparse names the type in its errors
     return parse

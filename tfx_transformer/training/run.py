@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from tfx_transformer import checks
 from tfx_transformer.training.distribute import STRATEGIES
 from tfx_transformer.training.precision import MIXED_PRECISION
 
 __all__ = ["LONG_RUN_EPOCHS", "RunOptions"]
 
 LONG_RUN_EPOCHS = 100_000  # with a time budget or step limit, those decide when to stop
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,31 +47,18 @@ class RunOptions:
     restart: bool = False
 
     def __post_init__(self):
-        def bad(name: str, rule: str):
-            value = getattr(self, name)
-            raise ValueError(f"`{name}` must be {rule}. Received: {name}={value!r}")
-
         if self.strategy not in STRATEGIES:
-            bad("strategy", f"one of {STRATEGIES}")
+            raise checks.CheckError("strategy", self.strategy, f"one of {STRATEGIES}")
         if self.mixed_precision not in MIXED_PRECISION:
-            bad("mixed_precision", f"one of {tuple(MIXED_PRECISION)}")
+            raise checks.CheckError("mixed_precision", self.mixed_precision,
+                                    f"one of {tuple(MIXED_PRECISION)}")
         for name in ("epochs", "max_steps", "eval_limit"):
-            value = getattr(self, name)
-            if value is not None and not (_is_int(value) and value > 0):
-                bad(name, "None or a positive integer")
-        budget = self.time_budget
-        if budget is not None and not (
-                isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0):
-            bad("time_budget", "None or a positive number of minutes")
-        if not (_is_int(self.seed) and 0 <= self.seed < 2**32):
-            bad("seed", "an integer in [0, 2**32)")  # NumPy's seeds
-        fraction = self.valid_fraction
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
-                0.0 <= fraction < 1.0):
-            bad("valid_fraction", "in [0, 1)")
+            checks.positive_int(name, getattr(self, name), optional=True)
+        checks.positive_number("time_budget", self.time_budget, optional=True)  # minutes
+        checks.integer("seed", self.seed, minimum=0, maximum=2**32 - 1)  # NumPy's seeds
+        checks.fraction("valid_fraction", self.valid_fraction)
         for name in ("jit_compile", "restart"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, "True or False")
+            checks.boolean(name, getattr(self, name))
 
     @property
     def bounded(self) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from tfx_transformer import checks
+
 __all__ = ["BudgetSchedule", "NoamSchedule", "RunSchedule", "StepDropSchedule"]
 
 
@@ -32,14 +34,8 @@ class NoamSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, d_model: int, warmup_steps: int = 4000, scale: float = 1.0):
-        if not isinstance(d_model, int) or d_model <= 0:
-            raise ValueError(f"`d_model` must be a positive integer. Received: {d_model!r}")
-        if not isinstance(warmup_steps, int) or warmup_steps <= 0:
-            raise ValueError(
-                f"`warmup_steps` must be a positive integer. Received: {warmup_steps!r}"
-            )
-        self.d_model = d_model
-        self.warmup_steps = warmup_steps
+        self.d_model = checks.positive_int("d_model", d_model)
+        self.warmup_steps = checks.positive_int("warmup_steps", warmup_steps)
         self.scale = float(scale)
 
     def __call__(self, step):
@@ -69,10 +65,7 @@ class RunSchedule(keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, total_steps: int | None = None):
-        if total_steps is not None and not (isinstance(total_steps, int) and total_steps > 0):
-            raise ValueError(f"`total_steps` must be None or a positive integer. "
-                             f"Received: {total_steps!r}")
-        self.total_steps = total_steps
+        self.total_steps = checks.positive_int("total_steps", total_steps, optional=True)
         self.progress = keras.Variable(0.0, dtype="float32", trainable=False,
                                        name="run_progress")
         self.epoch = keras.Variable(0, dtype="int32", trainable=False, name="run_epoch")
@@ -103,12 +96,9 @@ class BudgetSchedule(RunSchedule):
     """
 
     def __init__(self, peak: float, total_steps: int | None = None, warmup_share: float = 0.1):
-        if not (isinstance(peak, (int, float)) and peak > 0):
-            raise ValueError(f"`peak` must be a number > 0. Received: {peak!r}")
-        if not (isinstance(warmup_share, (int, float)) and 0 <= warmup_share < 1):
-            raise ValueError(f"`warmup_share` must be in [0, 1). Received: {warmup_share!r}")
+        self.peak = checks.positive_number("peak", peak)
+        self.warmup_share = checks.fraction("warmup_share", warmup_share)
         super().__init__(total_steps)
-        self.peak, self.warmup_share = float(peak), float(warmup_share)
 
     def __call__(self, step):
         p = self.share_done(step)
@@ -143,15 +133,12 @@ class StepDropSchedule(RunSchedule):
 
     def __init__(self, learning_rate: float, drop_epoch: int, drop_fraction: float | None = None,
                  total_steps: int | None = None, factor: float = 0.1):
-        if not (isinstance(learning_rate, (int, float)) and learning_rate > 0):
-            raise ValueError(f"`learning_rate` must be a number > 0. Received: {learning_rate!r}")
-        if isinstance(drop_epoch, bool) or not isinstance(drop_epoch, int) or drop_epoch < 0:
-            raise ValueError(f"`drop_epoch` must be an integer >= 0. Received: {drop_epoch!r}")
-        if drop_fraction is not None and not 0 < drop_fraction <= 1:
-            raise ValueError(f"`drop_fraction` must be in (0, 1]. Received: {drop_fraction!r}")
+        self.learning_rate = checks.positive_number("learning_rate", learning_rate)
+        self.drop_epoch = checks.non_negative_int("drop_epoch", drop_epoch)
+        self.drop_fraction = checks.fraction("drop_fraction", drop_fraction, interval="(]",
+                                             optional=True)
+        self.factor = checks.positive_number("factor", factor)
         super().__init__(total_steps)
-        self.learning_rate, self.drop_epoch = float(learning_rate), drop_epoch
-        self.drop_fraction, self.factor = drop_fraction, float(factor)
 
     def __call__(self, step):
         dropped = ops.greater_equal(self.epoch, self.drop_epoch)

@@ -17,6 +17,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfx_transformer import checks
+
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -62,13 +64,8 @@ class DetrSizes:
             image_size: Evaluation shorter side; training scales go from 0.6 to 1.0 of it.
             max_size: Longer-side cap; default `1333 / 800 * image_size`.
         """
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
-            raise ValueError(f"`image_size` must be an integer >= 8. Received: {image_size!r}")
-        if max_size is not None and (not isinstance(max_size, int) or max_size < image_size):
-            raise ValueError(
-                f"`max_size` must be None or an integer >= image_size={image_size}. "
-                f"Received: max_size={max_size!r}"
-            )
+        checks.integer("image_size", image_size, minimum=8)
+        checks.integer("max_size", max_size, minimum=image_size, optional=True)
         factor = image_size / 800
 
         def scale(values):

@@ -31,6 +31,7 @@ import threading
 import keras
 import tensorflow as tf
 
+from tfx_transformer import checks
 from vision.data.augment import (
     DetrSizes,
     detr_train_transform,
@@ -42,12 +43,6 @@ from vision.data.augment import (
 __all__ = ["AUGMENTATIONS", "ObjectLimit", "TooManyObjectsError", "make_batches"]
 
 AUGMENTATIONS = ("detr", "flip", "none")
-
-
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return value
 
 
 class TooManyObjectsError(ValueError):
@@ -87,7 +82,7 @@ class ObjectLimit:
     """
 
     def __init__(self, max_objects: int):
-        self.max_objects = _positive_int("max_objects", max_objects)
+        self.max_objects = checks.positive_int("max_objects", max_objects)
         self._found: list[TooManyObjectsError] = []
         self._lock = threading.Lock()
 
@@ -225,7 +220,7 @@ def make_batches(
     Returns:
         The batched, prefetched `tf.data.Dataset`.
     """
-    batch_size = _positive_int("batch_size", batch_size)
+    batch_size = checks.positive_int("batch_size", batch_size)
     if not isinstance(object_limit, ObjectLimit):
         raise ValueError(
             f"`object_limit` must be an ObjectLimit. Received: object_limit={object_limit!r}"
@@ -236,12 +231,7 @@ def make_batches(
         raise ValueError(
             f"`augmentation` must be one of {AUGMENTATIONS}. Received: {augmentation!r}"
         )
-    if pad_to is not None and (
-        len(pad_to) != 2 or not all(isinstance(v, int) and v > 0 for v in pad_to)
-    ):
-        raise ValueError(
-            f"`pad_to` must be None or positive (height, width). Received: pad_to={pad_to!r}"
-        )
+    pad_to = checks.positive_ints("pad_to", pad_to, length=2, optional=True)  # (height, width)
     prepare = functools.partial(
         _prepare, training=training, sizes=sizes, max_objects=max_objects,
         augmentation=augmentation,

@@ -28,6 +28,8 @@ import os
 
 import numpy as np
 
+from tfx_transformer import checks
+
 __all__ = ["CocoData", "CocoImage", "read_coco", "split_images"]
 
 # Formats `tf.io.decode_image` reads, as PIL names them.
@@ -297,12 +299,7 @@ def split_images(
     Returns:
         `(train, valid)`, each in the order of `images`.
     """
-    if isinstance(valid_fraction, bool) or not isinstance(valid_fraction, (int, float)) or not (
-        0 <= valid_fraction < 1
-    ):
-        raise ValueError(
-            f"`valid_fraction` must be in [0, 1). Received: valid_fraction={valid_fraction!r}"
-        )
+    checks.fraction("valid_fraction", valid_fraction)
     ranked = sorted(range(len(images)), key=lambda i: (_hash(images[i].file_name), i))
     count = max(min(math.ceil(valid_fraction * len(images)), len(images) - 1), 0)
     held_out = set(ranked[:count])

@@ -18,6 +18,8 @@ import dataclasses
 
 import numpy as np
 
+from tfx_transformer import checks
+
 __all__ = ["CLASS_NAMES", "SPLITS", "ShapesGenerator"]
 
 CLASS_NAMES = ("circle", "square", "triangle")
@@ -58,33 +60,16 @@ class ShapesGenerator:
     def __post_init__(self):
         if self.split not in SPLITS:
             raise ValueError(f"`split` must be one of {SPLITS}. Received: split={self.split!r}")
-        for name in ("seed", "image_size", "max_objects", "noise"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ValueError(
-                    f"`{name}` must be a non-negative integer. Received: {name}={value!r}"
-                )
-        if self.image_size < 2 * _MIN_SHAPE:
-            raise ValueError(
-                f"`image_size` must be at least {2 * _MIN_SHAPE}. "
-                f"Received: image_size={self.image_size}"
-            )
-        low = self.min_image_size
-        if low is not None and (
-            isinstance(low, bool) or not isinstance(low, int) or not 2 * _MIN_SHAPE <= low
-            or low > self.image_size
-        ):
-            raise ValueError(
-                f"`min_image_size` must be None or an integer in [{2 * _MIN_SHAPE}, image_size="
-                f"{self.image_size}]. Received: min_image_size={low!r}"
-            )
-        if self.noise > 100:
-            raise ValueError(f"`noise` must be at most 100. Received: noise={self.noise}")
+        checks.non_negative_int("seed", self.seed)
+        checks.non_negative_int("max_objects", self.max_objects)
+        checks.integer("noise", self.noise, minimum=0, maximum=100)
+        checks.integer("image_size", self.image_size, minimum=2 * _MIN_SHAPE)
+        checks.integer("min_image_size", self.min_image_size, minimum=2 * _MIN_SHAPE,
+                       maximum=self.image_size, optional=True)  # at most image_size
 
     def _rng(self, index: int) -> np.random.Generator:
-        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or index < 0:
-            raise ValueError(f"`index` must be a non-negative integer. Received: index={index!r}")
-        return np.random.default_rng([int(self.seed), SPLITS.index(self.split), int(index)])
+        index = checks.non_negative_int("index", index)
+        return np.random.default_rng([int(self.seed), SPLITS.index(self.split), index])
 
     def _layout(self, rng: np.random.Generator) -> tuple[int, int, list[tuple[int, int, int, int]]]:
         """Image size and the shapes' `(class, x, y, cell size)`, drawing no pixel."""

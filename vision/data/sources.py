@@ -28,6 +28,9 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
+from tfx_transformer import checks
+from tfx_transformer.training import data_spec
+from tfx_transformer.training.data_spec import DataSpec
 from vision.data import coco, shapes, tfds_source
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 
@@ -41,45 +44,25 @@ __all__ = [
     "parse_data_spec",
 ]
 
-SCHEMES = ("embedded", "coco", "tfds")
+# scheme -> its parts
+SCHEMES = {"embedded": (), "coco": ("IMAGES_DIR", "ANNOTATIONS.json"), "tfds": ("NAME",)}
 SPLITS = ("train", "valid", "all")
-_ACCEPTED = "'embedded', 'coco:IMAGES_DIR:ANNOTATIONS.json', 'tfds:NAME' (e.g. tfds:coco/2017)"
 # `embedded` validation image ids start here, so ids stay unique over the "all" split.
 EMBEDDED_VALID_ID_OFFSET = 1_000_000
 
 
-def parse_data_spec(spec: str) -> tuple[str, tuple[str, ...]]:
-    """Splits a `--data` spec into (scheme, arguments).
-
-    Args:
-        spec: "embedded", "coco:IMAGES_DIR:ANNOTATIONS.json" or "tfds:NAME".
+def parse_data_spec(spec: str) -> DataSpec:
+    """Splits a `--data` spec: "embedded", "coco:IMAGES_DIR:ANNOTATIONS.json" or "tfds:NAME".
 
     Returns:
-        `("embedded", ())`, `("coco", (images_dir, annotations_path))` or `("tfds", (name,))`.
+        `(scheme, parts)`: `("embedded", ())`, `("coco", (images_dir, annotations_path))` or
+        `("tfds", (name,))`.
 
     Raises:
-        ValueError: For an unknown scheme (naming it and the accepted ones) or bad arguments.
+        ValueError: For an unknown scheme (naming it and the accepted ones) or bad arguments
+            (naming `--data` and `spec`).
     """
-    if not isinstance(spec, str):
-        raise ValueError(f"`data` must be a string such as 'embedded'. Received: data={spec!r}")
-    scheme, _, argument = spec.partition(":")
-    if scheme not in SCHEMES:
-        raise ValueError(f"Unknown data scheme {scheme!r} in data={spec!r}. Accepted: {_ACCEPTED}.")
-    if scheme == "embedded":
-        if argument:
-            raise ValueError(f"`embedded` takes no argument. Received: data={spec!r}")
-        return scheme, ()
-    if scheme == "coco":
-        images_dir, _, annotations = argument.partition(":")
-        if not images_dir or not annotations:
-            raise ValueError(
-                f"`coco:` needs an images folder and an annotations file: "
-                f"'coco:IMAGES_DIR:ANNOTATIONS.json'. Received: data={spec!r}"
-            )
-        return scheme, (images_dir, annotations)
-    if not argument:
-        raise ValueError(f"`tfds:` needs a dataset name, e.g. 'tfds:coco/2017'. Received: {spec!r}")
-    return scheme, (argument,)
+    return data_spec.parse_data_spec(spec, SCHEMES)
 
 
 def evaluation_split(spec: str) -> str:
@@ -165,8 +148,7 @@ class DetectionSource:
         Raises:
             TooManyObjectsError: naming the image (id and description) and the counts.
         """
-        if isinstance(max_objects, bool) or not isinstance(max_objects, int) or max_objects < 1:
-            raise ValueError(f"`max_objects` must be a positive integer. Received: {max_objects!r}")
+        checks.positive_int("max_objects", max_objects)
         info = self._split(split)
         if info.counts is None or info.most_objects <= max_objects:
             return
@@ -327,8 +309,7 @@ def load_source(
             category_ids=data.category_ids,
         )
     for name, value in (("num_train", num_train), ("num_valid", num_valid)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
-            raise ValueError(f"`{name}` must be an integer in [0, 1000000]. Received: {value!r}")
+        checks.integer(name, value, minimum=0, maximum=1_000_000)
     make = dict(seed=seed, image_size=embedded_size, min_image_size=embedded_min_size)
     splits = {
         "train": _embedded_split(shapes.ShapesGenerator(split="train", **make), num_train, 0),

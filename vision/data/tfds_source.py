@@ -71,7 +71,7 @@ def tfds_splits(
     except tfds.core.registered.DatasetNotFoundError:
         # Its own message lists every dataset TFDS knows: thousands of lines.
         raise ValueError(
-            f"TensorFlow Datasets has no dataset {name!r}. Received: data={spec!r}"
+            f"TensorFlow Datasets has no dataset {name!r}. Received: --data {spec!r}"
         ) from None
     features = builder.info.features
     objects = features["objects"] if "objects" in features else {}

@@ -27,6 +27,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from tfx_transformer import checks
 from vision.matching.matcher import HungarianMatcher
 from vision.modeling.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
 
@@ -82,12 +83,8 @@ class SetCriterion:
         aux_loss: bool = True,
         proposal_matches: int = 1,
     ) -> None:
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(
-                f"`num_classes` must be a positive integer. Received: num_classes={num_classes!r}"
-            )
-        if not eos_coef >= 0:
-            raise ValueError(f"`eos_coef` must be >= 0. Received: eos_coef={eos_coef!r}")
+        checks.positive_int("num_classes", num_classes)
+        checks.non_negative_number("eos_coef", eos_coef)
         if not callable(matcher):
             raise TypeError(f"`matcher` must be callable. Received: matcher={matcher!r}")
         self.num_classes = num_classes
@@ -95,12 +92,7 @@ class SetCriterion:
         self.eos_coef = float(eos_coef)
         self.weight_dict = dict(_DEFAULT_WEIGHTS if weight_dict is None else weight_dict)
         self.aux_loss = bool(aux_loss)
-        if isinstance(proposal_matches, bool) or not isinstance(proposal_matches, int) or (
-                proposal_matches < 1):
-            raise ValueError(
-                f"`proposal_matches` must be a positive integer. Received: {proposal_matches!r}"
-            )
-        self.proposal_matches = proposal_matches
+        self.proposal_matches = checks.positive_int("proposal_matches", proposal_matches)
 
     @staticmethod
     def count_boxes(targets: dict) -> Any:

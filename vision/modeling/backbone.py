@@ -13,6 +13,8 @@ import os
 import keras
 from keras import ops
 
+from tfx_transformer import checks
+
 __all__ = ["BACKBONES", "IMAGENET_MEAN", "IMAGENET_STD", "ResNet50Backbone", "TinyBackbone",
            "build_backbone"]
 
@@ -113,12 +115,7 @@ class TinyBackbone(keras.layers.Layer):
 
     def __init__(self, filters: tuple[int, ...] | list[int] = (32, 64, 128, 256), **kwargs):
         super().__init__(**kwargs)
-        filters = tuple(filters)
-        if not filters or not all(isinstance(f, int) and f > 0 for f in filters):
-            raise ValueError(
-                f"`filters` must be a non-empty sequence of positive integers. "
-                f"Received: filters={filters!r}"
-            )
+        filters = checks.positive_ints("filters", tuple(filters))
         self.filters = filters
         self.stride = 2 ** len(filters)
         self.output_channels = filters[-1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 
+from tfx_transformer import checks
 from vision.modeling.init import torch_linear_init
 
 __all__ = ["MLP"]
@@ -36,14 +37,10 @@ class MLP(keras.layers.Layer):
     def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int,
                  **kwargs):
         super().__init__(**kwargs)
-        for arg, value in (("input_dim", input_dim), ("hidden_dim", hidden_dim),
-                           ("output_dim", output_dim), ("num_layers", num_layers)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{arg}` must be a positive integer. Received: {arg}={value!r}")
-        self.input_dim = input_dim
-        self.hidden_dim = hidden_dim
-        self.output_dim = output_dim
-        self.num_layers = num_layers
+        self.input_dim = input_dim = checks.positive_int("input_dim", input_dim)
+        self.hidden_dim = hidden_dim = checks.positive_int("hidden_dim", hidden_dim)
+        self.output_dim = output_dim = checks.positive_int("output_dim", output_dim)
+        self.num_layers = num_layers = checks.positive_int("num_layers", num_layers)
         fan_ins = [input_dim] + [hidden_dim] * (num_layers - 1)
         self.layers = [
             keras.layers.Dense(

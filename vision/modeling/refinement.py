@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from keras import ops
 
+from tfx_transformer import checks
 from vision.modeling.geometry import near_points
 
 __all__ = ["BoxDecoding", "DecodedQueries", "IterativeRefinement", "StaticReferences",
@@ -151,21 +152,17 @@ def make_box_decoding(box_refinement: bool, attention_radius: float | None,
         ValueError: refinement without reference boxes, a radius without reference points,
             or a bad value (the message names the argument and the value).
     """
-    if not isinstance(box_refinement, bool):
-        raise ValueError(f"`box_refinement` must be a bool. Received: {box_refinement!r}")
+    checks.boolean("box_refinement", box_refinement)
     if box_refinement and reference_size != 4:
         raise ValueError(
             "`box_refinement` needs a `query_type` with reference boxes (e.g. 'encoder'). "
             f"Received: box_refinement=True, query_type={query_type!r}"
         )
-    if attention_radius is not None and (
-        isinstance(attention_radius, bool) or not isinstance(attention_radius, (int, float))
-        or not attention_radius > 0 or reference_size == 0
-    ):
+    radius = checks.positive_number("attention_radius", attention_radius, optional=True)
+    if radius is not None and reference_size == 0:
         raise ValueError(
-            "`attention_radius` must be None or a positive number, and needs a "
-            "`query_type` with reference points ('reference' or 'encoder'). Received: "
-            f"attention_radius={attention_radius!r}, query_type={query_type!r}"
+            "`attention_radius` needs a `query_type` with reference points ('reference' or "
+            f"'encoder'). Received: attention_radius={attention_radius!r}, "
+            f"query_type={query_type!r}"
         )
-    radius = None if attention_radius is None else float(attention_radius)
     return (IterativeRefinement if box_refinement else StaticReferences)(radius)

@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import keras
 import numpy as np
 
+from tfx_transformer import checks
+
 __all__ = ["coco_evaluate", "evaluate_records", "match_labels", "to_coco"]
 
 
@@ -198,8 +200,7 @@ def evaluate_records(detect: Callable, records, batch_size: int = 8, limit: int 
     Returns:
         ``{"AP", "AP50", "AP75", "n"}``.
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size!r}")
+    checks.positive_int("batch_size", batch_size)
     total = limit
     if hasattr(records, "as_numpy_iterator"):
         records = records.take(limit) if limit is not None else records
