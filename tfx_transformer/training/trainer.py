@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from tfx_transformer.training.bounds import Progress, ScheduleProgress, plan_epochs
 from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
+from tfx_transformer.training.data_spec import normalized
 from tfx_transformer.training.distribute import broadcast_from_chief, get_strategy, is_chief
 from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
@@ -269,7 +270,7 @@ class Trainer:
         """A work directory continues one data set: another ``--data`` is an error (it
         would silently keep the earlier run's tokenizer, weights and export). Returns the
         spec as recorded (paths made absolute)."""
-        spec = _normalized_spec(data)
+        spec = normalized(data)
         recorded = read_state(self.workdir).get("data")
         if recorded is not None and recorded != spec:
             raise ValueError(
@@ -328,14 +329,6 @@ class Trainer:
                              "--restart")
         self.log(f"resume: training finished earlier ({state.get('steps')} steps), "
                  f"{'evaluating' if state['phase'] == 'exported' else 'exporting'} now")
-
-
-def _normalized_spec(spec: str) -> str:
-    """``scheme:PATH[:PATH]`` with the paths that exist made absolute (the same data given
-    by another relative path is the same data)."""
-    scheme, *parts = str(spec).split(":")
-    return ":".join([scheme, *(os.path.abspath(p) if p and os.path.exists(p) else p
-                               for p in parts)])
 
 
 def _iterations(model: keras.Model) -> int:
