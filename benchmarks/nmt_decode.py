@@ -53,7 +53,8 @@ import tensorflow as tf  # noqa: E402
 from nlp import decoding  # noqa: E402
 from nlp.data.sources import evaluation_split, load_pairs, read_tsv  # noqa: E402
 from nlp.evaluate import translate_all  # noqa: E402
-from nlp.export import export_translator, load_translator, read_info  # noqa: E402
+from nlp.export import export_translator  # noqa: E402
+from nlp.serving import load_translator, read_info  # noqa: E402
 
 TRAIN_STEPS = 300
 
