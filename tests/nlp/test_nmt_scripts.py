@@ -44,11 +44,19 @@ def _error(capsys, code):
 
 
 def _fake_export(path, detector=False):
-    """A directory that passes the cheap checks (a saved_model.pb) but holds no real model."""
+    """A directory that passes the cheap checks (a saved_model.pb and its info file) but
+    holds no real model."""
+    import json
+
     path.mkdir()
     (path / "saved_model.pb").write_bytes(b"not loaded by these tests")
     if detector:
         (path / "classes.json").write_text('{"class_names": ["cat"], "category_ids": null}')
+    else:
+        (path / "translator.json").write_text(json.dumps({
+            "format_version": 2, "beam_size": 3,
+            "signatures": {"serving_default": {"beam_size": 3}, "greedy": {"beam_size": 1},
+                           "translate_nbest": {"beam_size": 3}}}))
     return str(path)
 
 
