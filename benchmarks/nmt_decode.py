@@ -53,7 +53,8 @@ import tensorflow as tf  # noqa: E402
 from nlp import decoding  # noqa: E402
 from nlp.data.sources import evaluation_split, load_pairs, read_tsv  # noqa: E402
 from nlp.evaluate import translate_all  # noqa: E402
-from nlp.export import export_translator, load_translator, read_info  # noqa: E402
+from nlp.export import export_translator  # noqa: E402
+from nlp.serving import load_translator, read_info  # noqa: E402
 
 TRAIN_STEPS = 300
 
@@ -148,10 +149,9 @@ def main(argv=None) -> int:
     kw = dict(beam_size=info["beam_size"], length_penalty=info["length_penalty"],
               extra_length=info["extra_length"])
     # name -> (text (N,) -> (N,) translations, batches sorted by length)
-    cases = {"beam": (translator, True), "greedy": (load_translator(export, beam_size=1), True)}
-    if translator.nbest_size is not None:
-        cases["nbest"] = (nbest_first(translator.translate_nbest), True)
-    cases["beam, input order"] = (translator, False)
+    cases = {"beam": (translator, True), "greedy": (load_translator(export, beam_size=1), True),
+             "nbest": (nbest_first(translator.translate_nbest), True),
+             "beam, input order": (translator, False)}
     rebuilt = in_process_model(export)
     if rebuilt is not None:
         model, tokenizer = rebuilt

@@ -1,7 +1,7 @@
 """Corpus BLEU / chrF (sacrebleu) and exact match of a translator over sentence pairs.
 
 A translator is any ``texts (N,) tf.string -> (N,) tf.string``: `nlp.export.make_translate_fn`
-in process, or `nlp.export.load_translator` for an exported SavedModel.
+in process, or `nlp.serving.load_translator` for an exported SavedModel.
 """
 
 from __future__ import annotations

@@ -18,28 +18,23 @@ tf.string → ``translation`` (N,) tf.string, and ``translate_nbest``: ``text`` 
 ``hypotheses`` (N, K) tf.string and ``scores`` (N, K) float32, the ``K = beam_size`` best
 hypotheses of the beam search, best first, with their length-penalized log-probabilities
 (the first is ``serving_default``'s translation); and ``translator.json``, which records the
-decoding settings, the signatures and the vocabulary size. Exports written before
-``translator.json`` existed have ``beam_size.txt`` instead (the width of ``serving_default``);
-`load_translator` reads both. Exports written before ``translate_nbest`` existed load and
-translate as before; only asking them for n-best lists is an error.
+decoding settings, the signatures and the vocabulary size.
 
 This module writes exports; `nlp.serving` reads them (`load_translator`, `Translator`,
-`read_info`, also importable from here) and defines the signature names.
+`read_info`) and defines the signature and file names.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 
 import keras
 import tensorflow as tf
 
 from nlp.decoding import DecodingSettings, search
-from nlp.serving import (  # noqa: F401  (also importable from here, as before)
+from nlp.serving import (
     FORMAT_VERSION,
     GREEDY,
     HYPOTHESES_KEY,
@@ -49,33 +44,11 @@ from nlp.serving import (  # noqa: F401  (also importable from here, as before)
     OUTPUT_KEY,
     SCORES_KEY,
     SERVING,
-    NotATranslatorError,
-    Translator,
-    check_export_dir,
-    load_translator,
-    nbest_size,
-    read_info,
 )
 from nlp.tokenizer import Tokenizer
+from tfx_transformer.training.export_dir import write_export_dir
 
-__all__ = [
-    "FORMAT_VERSION",
-    "GREEDY",
-    "HYPOTHESES_KEY",
-    "INFO_FILE",
-    "INPUT_KEY",
-    "NBEST",
-    "NotATranslatorError",
-    "OUTPUT_KEY",
-    "SCORES_KEY",
-    "SERVING",
-    "Translator",
-    "export_translator",
-    "load_translator",
-    "make_translate_fn",
-    "nbest_size",
-    "read_info",
-]
+__all__ = ["SOURCE_LENGTH_MULTIPLE", "export_translator", "make_translate_fn"]
 
 SOURCE_LENGTH_MULTIPLE = 16  # with XLA, sources are padded to this so few shapes compile
 
@@ -178,34 +151,14 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
     }
 
 
-def _replace_dir(tmp: str, path: str) -> None:
-    """Moves directory ``tmp`` to ``path``; a directory already at ``path`` is kept until then.
-
-    If the move fails, the previous directory is put back (or, should that fail too, left in a
-    ``.export-old-*`` directory beside ``path``: never deleted).
-    """
-    old = None
-    if os.path.exists(path):
-        old = tempfile.mkdtemp(prefix=".export-old-", dir=os.path.dirname(tmp))
-        os.replace(path, os.path.join(old, "export"))
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        if old is not None:
-            os.replace(os.path.join(old, "export"), path)
-            shutil.rmtree(old, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
                       decoding: DecodingSettings, jit_compile: bool = False) -> str:
     """Writes the SavedModel (signatures ``SERVING``, ``GREEDY``, ``NBEST``) and
     ``translator.json``.
 
     The export is written to a temporary directory beside ``path`` and moved into place at the
-    end, so a failed export never leaves a half-written directory in place of a good one.
+    end (`tfx_transformer.training.export_dir.write_export_dir`), so a failed export leaves
+    the previous one as it was.
 
     Args:
         model: a trained ``Seq2SeqTransformer``.
@@ -219,11 +172,8 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
         ``path`` as a string.
     """
     _check_decoding(decoding)
-    path = os.fspath(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+
+    def write(directory):
         archive = keras.export.ExportArchive()
         archive.track(model)
         text_spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
@@ -234,12 +184,8 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
                                             nbest=True)
         archive.add_endpoint(name=NBEST, fn=_serving_nbest(translate_nbest),
                              input_signature=text_spec)
-        archive.write_out(tmp, verbose=False)
-        with open(os.path.join(tmp, INFO_FILE), "w", encoding="utf-8") as f:
+        archive.write_out(directory, verbose=False)
+        with open(os.path.join(directory, INFO_FILE), "w", encoding="utf-8") as f:
             json.dump(_info(decoding, tokenizer), f, indent=2)
-        _replace_dir(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
-
+    return write_export_dir(path, write)

@@ -26,7 +26,6 @@ __all__ = [
     "HYPOTHESES_KEY",
     "INFO_FILE",
     "INPUT_KEY",
-    "LEGACY_BEAM_FILE",
     "NBEST",
     "NotATranslatorError",
     "OUTPUT_KEY",
@@ -47,9 +46,8 @@ OUTPUT_KEY = "translation"  # signature output: tf.string (N,)
 HYPOTHESES_KEY = "hypotheses"  # NBEST output: tf.string (N, K), best first
 SCORES_KEY = "scores"  # NBEST output: float32 (N, K), descending
 INFO_FILE = "translator.json"
-LEGACY_BEAM_FILE = "beam_size.txt"  # what exports had before INFO_FILE
 FORMAT_VERSION = 2  # 2: with the NBEST signature
-DETECTOR_FILE = "classes.json"  # what a detector export has (vision.training.export.CLASSES_FILE)
+DETECTOR_FILE = "classes.json"  # what a detector export has (vision.serving.CLASSES_FILE)
 
 
 class NotATranslatorError(ValueError):
@@ -89,55 +87,55 @@ def check_export_dir(path: str) -> None:
 def read_info(path: str | os.PathLike) -> dict:
     """The export's ``translator.json`` as a dict.
 
-    For an export written before ``translator.json`` existed, the same keys are filled from
-    ``beam_size.txt`` (``None`` where that file does not say: ``length_penalty``,
-    ``extra_length``, ``vocab_size``; ``beam_size`` too when there is no such file).
-
     Raises:
-        NotATranslatorError: ``path`` is missing, a file, a detector export or no SavedModel.
-        ValueError: its info file is unreadable.
+        NotATranslatorError: ``path`` is missing, a file, a detector export, no SavedModel, or
+            has no ``translator.json``.
+        ValueError: its ``translator.json`` is not valid JSON, or lacks an integer
+            ``beam_size`` or the ``NBEST`` signature's size.
     """
     path = os.fspath(path)
     check_export_dir(path)
     info_file = os.path.join(path, INFO_FILE)
-    if os.path.isfile(info_file):
-        try:
-            with open(info_file, encoding="utf-8") as f:
-                info = json.load(f)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise ValueError(f"{info_file} is not valid JSON: {error}") from None
-        if not isinstance(info, dict) or not isinstance(info.get("beam_size"), int):
-            raise ValueError(f"{info_file} must hold a JSON object with an integer "
-                             f"'beam_size'. Received: {json.dumps(info)[:80]}")
-        return info
-    legacy = os.path.join(path, LEGACY_BEAM_FILE)
-    beam_size = None
-    if os.path.isfile(legacy):
-        with open(legacy, encoding="utf-8") as f:
-            text = f.read().strip()
-        try:
-            beam_size = int(text)
-        except ValueError:
-            raise ValueError(f"{legacy} must hold one integer. Received: {text[:40]!r}") from None
-    return {
-        "format_version": 0,
-        "beam_size": beam_size,
-        "length_penalty": None,
-        "extra_length": None,
-        "signatures": {SERVING: {"beam_size": beam_size}, GREEDY: {"beam_size": 1}},
-        "input_key": INPUT_KEY,
-        "output_key": OUTPUT_KEY,
-        "vocab_size": None,
-    }
+    if not os.path.isfile(info_file):
+        raise NotATranslatorError(path, f"has no {INFO_FILE}, so it is no translator export "
+                                        "(expected DIR/export of a trained translator)")
+    try:
+        with open(info_file, encoding="utf-8") as f:
+            info = json.load(f)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{info_file} is not valid JSON: {error}") from None
+    if not isinstance(info, dict) or not _is_size(info.get("beam_size")):
+        raise ValueError(f"{info_file} must hold a JSON object with an integer "
+                         f"'beam_size' >= 1. Received: {json.dumps(info)[:80]}")
+    if _nbest_entry(info) is None:
+        raise ValueError(f"{info_file} must list the {NBEST!r} signature with an integer "
+                         f"'beam_size' >= 1 under 'signatures'. Received: "
+                         f"signatures={json.dumps(info.get('signatures'))[:80]}")
+    return info
 
 
-def nbest_size(info: dict) -> int | None:
-    """``K`` of the export's ``NBEST`` signature as ``info`` (`read_info`) records it, or
-    ``None`` for an export written before that signature existed."""
+def _is_size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _nbest_entry(info: dict) -> int | None:
     signatures = info.get("signatures")
     entry = signatures.get(NBEST) if isinstance(signatures, dict) else None
     size = entry.get("beam_size") if isinstance(entry, dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) else None
+    return size if _is_size(size) else None
+
+
+def nbest_size(info: dict) -> int:
+    """``K`` of the export's ``NBEST`` signature as ``info`` (`read_info`) records it.
+
+    Raises:
+        ValueError: ``info`` records no such size (it is no `read_info` of an export).
+    """
+    size = _nbest_entry(info)
+    if size is None:
+        raise ValueError(f"`info` records no {NBEST!r} signature size under 'signatures'. "
+                         f"Received: signatures={info.get('signatures')!r}")
+    return size
 
 
 def _load(path: str):
@@ -182,26 +180,21 @@ class Translator:
     Attributes:
         path: the export directory.
         info: its `read_info`.
-        beam_size: the width ``translator(text)`` decodes with (``None``: the default
-            signature of an export that does not say).
-        nbest_size: ``K`` of ``translate_nbest`` (the exported beam size), or ``None`` for an
-            export written before n-best lists existed.
+        beam_size: the width ``translator(text)`` decodes with.
+        nbest_size: ``K`` of ``translate_nbest`` (the exported beam size).
     """
 
-    def __init__(self, path: str, info: dict, beam_size: int | None, saved_model, serve,
-                 nbest):
+    def __init__(self, path: str, info: dict, beam_size: int, saved_model, serve, nbest):
         self.path = path
         self.info = info
         self.beam_size = beam_size
-        self.nbest_size = nbest_size(info) if nbest is not None else None
+        self.nbest_size = nbest_size(info)
         self._saved_model = saved_model  # keeps the signatures' variables alive
         self._serve = serve
         self._nbest = nbest
-        self._input_key = info.get("input_key", INPUT_KEY)
-        self._output_key = info.get("output_key", OUTPUT_KEY)
 
     def __call__(self, text: tf.Tensor) -> tf.Tensor:
-        return self._serve(**{self._input_key: text})[self._output_key]
+        return self._serve(**{INPUT_KEY: text})[OUTPUT_KEY]
 
     def translate_nbest(self, text: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         """The ``K = nbest_size`` best hypotheses of every sentence, best first.
@@ -215,17 +208,8 @@ class Translator:
         Returns:
             ``hypotheses`` ``(N, K)`` tf.string and ``scores`` ``(N, K)`` float32 (the
             length-penalized log-probabilities, descending).
-
-        Raises:
-            ValueError: the export has no ``NBEST`` signature (written before n-best lists
-                existed: export the model again to get them).
         """
-        if self._nbest is None:
-            raise ValueError(
-                f"{self.path} has no {NBEST!r} signature: it was exported before n-best lists "
-                "existed (it translates as before); export the model again "
-                "(nlp.export.export_translator) to get them")
-        out = self._nbest(**{self._input_key: text})
+        out = self._nbest(**{INPUT_KEY: text})
         return out[HYPOTHESES_KEY], out[SCORES_KEY]
 
 
@@ -238,13 +222,13 @@ def load_translator(path: str | os.PathLike, beam_size: int | None = None) -> Tr
 
     Raises:
         NotATranslatorError: ``path`` is no translator export (missing, a detector export, a
-            SavedModel without a ``text`` → ``translation`` signature...); names what it is.
+            SavedModel without the ``text`` → ``translation`` and n-best signatures...); names
+            what it is.
         ValueError: it does not decode with ``beam_size``, or its info file is unreadable.
     """
     import tensorflow_text  # noqa: F401  (registers the SentencePiece ops)
 
-    if beam_size is not None and (isinstance(beam_size, bool) or not isinstance(beam_size, int)
-                                  or beam_size < 1):
+    if beam_size is not None and not _is_size(beam_size):
         raise ValueError(f"`beam_size` must be an integer >= 1. Received: beam_size={beam_size!r}")
     path = os.fspath(path)
     info = read_info(path)
@@ -253,12 +237,9 @@ def load_translator(path: str | os.PathLike, beam_size: int | None = None) -> Tr
         raise ValueError(f"beam_size={beam_size}: this export decodes with beam_size={exported} "
                          f"({SERVING}) or 1 ({GREEDY}).")
     name = GREEDY if beam_size == 1 and exported != 1 else SERVING
-    input_key, output_key = info.get("input_key", INPUT_KEY), info.get("output_key", OUTPUT_KEY)
     saved_model = _load(path)
     signatures = saved_model.signatures
-    serve = _signature(path, signatures, name, input_key, [output_key])
-    nbest = None
-    if nbest_size(info) is not None and NBEST in signatures:
-        nbest = _signature(path, signatures, NBEST, input_key, [HYPOTHESES_KEY, SCORES_KEY])
+    serve = _signature(path, signatures, name, INPUT_KEY, [OUTPUT_KEY])
+    nbest = _signature(path, signatures, NBEST, INPUT_KEY, [HYPOTHESES_KEY, SCORES_KEY])
     return Translator(path, info, exported if beam_size is None else beam_size, saved_model,
                       serve, nbest)

@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 from tfx_transformer.training.cli import run_cli  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
-from vision.training.export import load_detector  # noqa: E402
+from vision.serving import load_detector  # noqa: E402
 
 
 def _output_name(path: str, taken: set[str]) -> str:

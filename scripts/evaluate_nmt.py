@@ -18,7 +18,7 @@ quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lin
 
 from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
 from nlp.evaluate import evaluate  # noqa: E402
-from nlp.export import NotATranslatorError, load_translator, read_info  # noqa: E402
+from nlp.serving import NotATranslatorError, load_translator, read_info  # noqa: E402
 from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
 
 

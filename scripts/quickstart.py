@@ -20,7 +20,7 @@ quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lin
 import tensorflow as tf  # noqa: E402
 
 from nlp import config as nmt_config  # noqa: E402
-from nlp.export import load_translator  # noqa: E402
+from nlp.serving import load_translator  # noqa: E402
 from nlp.train import train_nmt  # noqa: E402
 from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
 from tfx_transformer.training.run import RunOptions  # noqa: E402
@@ -28,7 +28,7 @@ from tfx_transformer.training.workdir import read_metrics  # noqa: E402
 from vision import config as detr_config  # noqa: E402
 from vision.data.shapes import ShapesGenerator  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
-from vision.training.export import load_detector  # noqa: E402
+from vision.serving import load_detector  # noqa: E402
 from vision.training.train import train_detr  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from scripts._quiet import quiet_start  # noqa: E402
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from nlp.evaluate import nbest_all, translate_all  # noqa: E402
-from nlp.export import (  # noqa: E402
+from nlp.serving import (  # noqa: E402
     NBEST,
     NotATranslatorError,
     load_translator,

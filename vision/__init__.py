@@ -5,6 +5,7 @@
   refinement, heads, box maths, post-processing.
 - `vision.matching`: the Hungarian matcher, its solvers and the set loss.
 - `vision.training`: optimizer, ``train_detr``, evaluation and the SavedModel export.
+- `vision.serving`: loading an export (``load_detector``), with TensorFlow alone.
 - `vision.config` (``DetrConfig`` and presets) and `vision.plots` join them.
 """
 

@@ -38,7 +38,6 @@ _POSITIVE_INTS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_
 _NON_NEGATIVE = ("eos_coef", "cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox",
                  "loss_giou", "backbone_lr_multiplier", "weight_decay")
 _BOOLS = ("norm_first", "box_refinement", "aux_loss")
-_RENAMED = {"backbone_learning_rate": "backbone_lr_multiplier (a fraction of learning_rate)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,9 +240,7 @@ def preset(name: str, **overrides) -> DetrConfig:
     fields = {field.name for field in dataclasses.fields(DetrConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        hints = "".join(f" `{old}` is now `{new}`." for old, new in _RENAMED.items()
-                        if old in unknown)
         raise ValueError(
-            f"Unknown DetrConfig fields: {unknown}. Known fields: {sorted(fields)}.{hints}"
+            f"Unknown DetrConfig fields: {unknown}. Known fields: {sorted(fields)}."
         )
     return dataclasses.replace(PRESETS[name], **overrides)

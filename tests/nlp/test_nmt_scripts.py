@@ -44,11 +44,19 @@ def _error(capsys, code):
 
 
 def _fake_export(path, detector=False):
-    """A directory that passes the cheap checks (a saved_model.pb) but holds no real model."""
+    """A directory that passes the cheap checks (a saved_model.pb and its info file) but
+    holds no real model."""
+    import json
+
     path.mkdir()
     (path / "saved_model.pb").write_bytes(b"not loaded by these tests")
     if detector:
         (path / "classes.json").write_text('{"class_names": ["cat"], "category_ids": null}')
+    else:
+        (path / "translator.json").write_text(json.dumps({
+            "format_version": 2, "beam_size": 3,
+            "signatures": {"serving_default": {"beam_size": 3}, "greedy": {"beam_size": 1},
+                           "translate_nbest": {"beam_size": 3}}}))
     return str(path)
 
 
@@ -124,8 +132,8 @@ def test_evaluate_data_errors_name_the_file(evaluate_py, tmp_path, capsys, conte
 
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory):
-    """Stand-in exports (no model): ``nbest`` translates to upper case and lists 3 hypotheses,
-    the upper-cased text first; ``old`` has no n-best signature, as exports before it."""
+    """A stand-in export (no model): ``nbest`` translates to upper case and lists 3 hypotheses,
+    the upper-cased text first."""
     import json
 
     import tensorflow as tf
@@ -140,18 +148,14 @@ def stand_in(tmp_path_factory):
         return {"hypotheses": hypotheses, "scores": -tf.constant([[0.5, 1.25, 2.0]]) - length / 100}
 
     root = tmp_path_factory.mktemp("stand_in")
-    for name, signatures in (("nbest", {"serving_default": upper, "greedy": upper,
-                                        "translate_nbest": tf.function(
-                                            nbest, input_signature=[spec])}),
-                             ("old", {"serving_default": upper, "greedy": upper})):
-        tf.saved_model.save(tf.Module(), str(root / name), signatures=signatures)
-        listed = {"serving_default": {"beam_size": 3}, "greedy": {"beam_size": 1}}
-        if name == "nbest":
-            listed["translate_nbest"] = {"beam_size": 3,
-                                         "output_keys": ["hypotheses", "scores"]}
-        (root / name / "translator.json").write_text(json.dumps({
-            "format_version": 2 if name == "nbest" else 1, "beam_size": 3,
-            "signatures": listed, "input_key": "text", "output_key": "translation"}))
+    signatures = {"serving_default": upper, "greedy": upper,
+                  "translate_nbest": tf.function(nbest, input_signature=[spec])}
+    tf.saved_model.save(tf.Module(), str(root / "nbest"), signatures=signatures)
+    listed = {"serving_default": {"beam_size": 3}, "greedy": {"beam_size": 1},
+              "translate_nbest": {"beam_size": 3, "output_keys": ["hypotheses", "scores"]}}
+    (root / "nbest" / "translator.json").write_text(json.dumps({
+        "format_version": 2, "beam_size": 3, "signatures": listed, "input_key": "text",
+        "output_key": "translation"}))
     return root
 
 
@@ -198,18 +202,6 @@ def test_nbest_the_export_cannot_give(translate_py, stand_in, capsys, monkeypatc
     line, out = _error(capsys, run_cli(translate_py.main,
                                        ["--model", str(stand_in / "nbest"), *extra]))
     assert line == message and out == ""  # and stdin was not read: its bad line is no error
-
-
-def test_nbest_of_an_export_from_before_nbest(translate_py, stand_in, capsys):
-    model = str(stand_in / "old")
-    line, out = _error(capsys, run_cli(translate_py.main, ["--model", model, "--nbest", "1",
-                                                           "hi"]))
-    assert line == (f"error: --nbest 1: --model {model} has no 'translate_nbest' signature (it "
-                    "was exported before n-best lists existed); export the model again "
-                    "(nlp.export.export_translator)")
-    assert out == ""
-    assert run_cli(translate_py.main, ["--model", model, "hi"]) == 0  # it still translates
-    assert capsys.readouterr().out == "HI\n"
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "x"])

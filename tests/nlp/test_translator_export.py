@@ -1,5 +1,5 @@
-"""The Translator SavedModel (`nlp.export`): translator.json, loading, n-best lists, old exports,
-atomicity."""
+"""The Translator SavedModel (`nlp.export` writes it, `nlp.serving` loads it): translator.json,
+loading, n-best lists, what is refused, atomicity."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from nlp import export
+from nlp import export, serving
 from nlp.config import DECODING_FIELDS
 from nlp.data.embedded import generate_pairs
 from nlp.decoding import DecodingSettings, search
@@ -43,7 +43,7 @@ def exported(tmp_path_factory):
 def loaded(exported):
     """The export, loaded for beam search and for greedy search (loading takes seconds)."""
     path = exported[2]
-    return export.load_translator(path), export.load_translator(path, beam_size=1)
+    return serving.load_translator(path), serving.load_translator(path, beam_size=1)
 
 
 def _reference(model, tokenizer, texts, decoding):
@@ -72,18 +72,17 @@ def _snapshot(directory):
 def test_translator_json_records_decoding_and_signatures(exported):
     _, tokenizer, path = exported
     assert not (path / "stale.txt").exists()  # the directory was replaced, not merged
-    assert not (path / "beam_size.txt").exists()
-    info = json.loads((path / export.INFO_FILE).read_text())
-    assert info == export.read_info(path)
+    info = json.loads((path / serving.INFO_FILE).read_text())
+    assert info == serving.read_info(path)
     assert DecodingSettings(**{k: info[k] for k in DECODING_FIELDS}) == DECODING
     assert info["signatures"] == {
-        export.SERVING: {"beam_size": 3}, export.GREEDY: {"beam_size": 1},
-        export.NBEST: {"beam_size": 3, "output_keys": ["hypotheses", "scores"]}}
-    assert (info["input_key"], info["output_key"]) == (export.INPUT_KEY, export.OUTPUT_KEY)
+        serving.SERVING: {"beam_size": 3}, serving.GREEDY: {"beam_size": 1},
+        serving.NBEST: {"beam_size": 3, "output_keys": ["hypotheses", "scores"]}}
+    assert (info["input_key"], info["output_key"]) == (serving.INPUT_KEY, serving.OUTPUT_KEY)
     assert info["vocab_size"] == tokenizer.vocab_size
-    assert info["format_version"] == 2 and export.nbest_size(info) == 3
+    assert info["format_version"] == 2 and serving.nbest_size(info) == 3
     loaded = tf.saved_model.load(str(path))
-    assert set(loaded.signatures) == {export.SERVING, export.GREEDY, export.NBEST}
+    assert set(loaded.signatures) == {serving.SERVING, serving.GREEDY, serving.NBEST}
 
 
 def test_loaded_translator_equals_in_process_decoding(exported, loaded):
@@ -146,42 +145,14 @@ def _texts_of(translate, texts):
     return [t.decode("utf-8") for t in translate(tf.constant(texts)).numpy()]
 
 
-def test_an_export_without_nbest_translates_and_refuses_only_nbest(tmp_path):
-    # As exports were written before the n-best signature: serving_default and greedy only.
-    module = tf.Module()
-    upper = tf.function(lambda text: {"translation": tf.strings.upper(text)},
-                        input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-    for listed in (False, True):  # translator.json without, or (wrongly) with, the signature
-        path = tmp_path / f"old{int(listed)}"
-        tf.saved_model.save(module, str(path), signatures={"serving_default": upper,
-                                                           "greedy": upper})
-        signatures = {export.SERVING: {"beam_size": 4}, export.GREEDY: {"beam_size": 1}}
-        if listed:
-            signatures[export.NBEST] = {"beam_size": 4}
-        (path / export.INFO_FILE).write_text(json.dumps({
-            "format_version": 1, "beam_size": 4, "signatures": signatures,
-            "input_key": "text", "output_key": "translation"}))
-        translator = export.load_translator(path)
-        assert _texts_of(translator, ["abc", ""]) == ["ABC", ""]
-        assert translator.nbest_size is None
-        with pytest.raises(ValueError) as info:
-            translator.translate_nbest(tf.constant(["abc"]))
-        assert str(info.value) == (f"{path} has no 'translate_nbest' signature: it was "
-                                   "exported before n-best lists existed (it translates as "
-                                   "before); export the model again "
-                                   "(nlp.export.export_translator) to get them")
-    assert export.nbest_size({"signatures": {export.SERVING: {}}}) is None
-    assert export.nbest_size({"signatures": {export.NBEST: {"beam_size": True}}}) is None
-
-
 def test_load_translator_errors(exported, tmp_path):
     _, _, path = exported
     with pytest.raises(ValueError, match=r"beam_size=2: this export decodes with beam_size=3"):
-        export.load_translator(path, beam_size=2)
+        serving.load_translator(path, beam_size=2)
     with pytest.raises(ValueError, match="beam_size=0"):
-        export.load_translator(path, beam_size=0)
-    with pytest.raises(export.NotATranslatorError) as info:
-        export.load_translator(tmp_path / "nothing")
+        serving.load_translator(path, beam_size=0)
+    with pytest.raises(serving.NotATranslatorError) as info:
+        serving.load_translator(tmp_path / "nothing")
     assert str(info.value) == f"{tmp_path / 'nothing'} does not exist (expected DIR/export of " \
                               "a trained translator)"
 
@@ -198,8 +169,10 @@ def _signature_module(input_name, dtype):
     ("empty", "has no saved_model.pb, so it is no export (expected DIR/export"),
     ("workdir", "has no saved_model.pb, so it is no export (a work directory? its export is "),
     ("detector", "is a detector export (has classes.json), not a translator"),
+    ("no_info", "has no translator.json, so it is no translator export (expected DIR/export"),
     ("images", "has no 'text' signature input (its 'serving_default' takes ['images'])"),
     ("other_signature", "has no 'serving_default' signature (it has ['other'])"),
+    ("no_nbest", "has no 'translate_nbest' signature (it has ['greedy', 'serving_default'])"),
     ("corrupt", "saved_model.pb"),
 ])
 def test_what_is_not_a_translator_is_named(exported, tmp_path, layout, reason):
@@ -212,19 +185,57 @@ def test_what_is_not_a_translator_is_named(exported, tmp_path, layout, reason):
         path.mkdir()
         (path / "saved_model.pb").write_bytes(b"whatever")
         (path / "classes.json").write_text('{"class_names": ["cat"], "category_ids": null}')
+    elif layout == "no_info":
+        shutil.copytree(exported[2], path)
+        (path / serving.INFO_FILE).unlink()
     elif layout in ("images", "other_signature"):
         module = _signature_module("images", tf.uint8)
         name = "serving_default" if layout == "images" else "other"
         tf.saved_model.save(module, str(path), signatures={name: module.f})
+    elif layout == "no_nbest":  # translator.json lists translate_nbest, the SavedModel lacks it
+        module = tf.Module()
+        upper = tf.function(lambda text: {"translation": tf.strings.upper(text)},
+                            input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        tf.saved_model.save(module, str(path), signatures={"serving_default": upper,
+                                                           "greedy": upper})
     elif layout == "corrupt":
         path.mkdir()
         (path / "saved_model.pb").write_bytes(b"\x00garbage\xff" * 10)
     else:
         path.mkdir()
-    with pytest.raises(export.NotATranslatorError) as info:
-        export.load_translator(path)
+    if layout in ("images", "other_signature", "no_nbest", "corrupt"):
+        shutil.copy(exported[2] / serving.INFO_FILE, path)  # past read_info, to the SavedModel
+    with pytest.raises(serving.NotATranslatorError) as info:
+        serving.load_translator(path)
     assert info.value.path == str(path) and reason in info.value.reason
     assert str(info.value).startswith(f"{path} ")
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda info: "{", "translator.json is not valid JSON"),
+    (lambda info: [info], "must hold a JSON object with an integer 'beam_size' >= 1"),
+    (lambda info: {**info, "beam_size": "3"}, "must hold a JSON object with an integer"),
+    (lambda info: {**info, "signatures": {k: v for k, v in info["signatures"].items()
+                                          if k != "translate_nbest"}},
+     "must list the 'translate_nbest' signature with an integer 'beam_size' >= 1 under "
+     "'signatures'. Received: signatures={\"serving_default\""),
+    (lambda info: {**info, "signatures": {**info["signatures"],
+                                          "translate_nbest": {"beam_size": True}}},
+     "must list the 'translate_nbest' signature"),
+])
+def test_a_bad_translator_json_is_named(exported, tmp_path, change, message):
+    path = tmp_path / "export"
+    shutil.copytree(exported[2], path)
+    info = json.loads((path / serving.INFO_FILE).read_text())
+    changed = change(info)
+    (path / serving.INFO_FILE).write_text(changed if isinstance(changed, str)
+                                          else json.dumps(changed))
+    with pytest.raises(ValueError) as error:
+        serving.load_translator(path)
+    assert str(error.value).startswith(f"{path / serving.INFO_FILE} ")
+    assert message in str(error.value)
+    with pytest.raises(ValueError, match="`info` records no 'translate_nbest' signature size"):
+        serving.nbest_size({"signatures": {serving.SERVING: {"beam_size": 3}}})
 
 
 def test_a_sentence_translates_the_same_alone_and_in_a_batch(exported):
@@ -257,28 +268,6 @@ def test_make_translate_fn_takes_decoding_settings(exported):
         export.export_translator(model, tokenizer, path, 3)
     with pytest.raises(ValueError, match="max_positions"):
         export.make_translate_fn(model, tokenizer, DecodingSettings(extra_length=120))
-
-
-def test_export_from_before_translator_json_still_loads(exported, tmp_path):
-    # Older exports: the same SavedModel, with `beam_size.txt` instead of `translator.json`.
-    model, tokenizer, path = exported
-    old = tmp_path / "old_export"
-    shutil.copytree(path, old)
-    (old / export.INFO_FILE).unlink()
-    (old / "beam_size.txt").write_text("3\n")
-    info = export.read_info(old)
-    assert info["beam_size"] == 3 and info["length_penalty"] is None
-    assert info["signatures"][export.GREEDY] == {"beam_size": 1}
-    greedy = _reference(model, tokenizer, TEXTS, DECODING.greedy())
-    assert _texts(export.load_translator(old, beam_size=1)) == greedy
-    with pytest.raises(ValueError, match="has no 'translate_nbest' signature"):
-        export.load_translator(old).translate_nbest(tf.constant(TEXTS))
-    with pytest.raises(ValueError, match="beam_size=4: this export decodes with beam_size=3"):
-        export.load_translator(old, beam_size=4)
-    (old / "beam_size.txt").unlink()  # neither file: only the default signature or greedy
-    assert export.read_info(old)["beam_size"] is None
-    with pytest.raises(ValueError, match="beam_size=3"):
-        export.load_translator(old, beam_size=3)
 
 
 def test_failed_export_leaves_the_previous_export_untouched(exported, tmp_path, monkeypatch):

@@ -103,11 +103,15 @@ def fx(tmp_path_factory):
         _coco(fx / f"{name}.json", **kwargs)
     text = (lambda text: {"translation": tf.strings.upper(text)},
             tf.TensorSpec([None], tf.string, name="text"))
+    nbest = (lambda t: {"hypotheses": tf.stack([t] * 4, 1), "scores": tf.zeros([tf.size(t), 4])},
+             text[1])
     _save(fx / "translator", "translator.json", {  # as nlp.export writes it
-        "format_version": 1, "beam_size": 4, "length_penalty": 0.6, "extra_length": 50,
-        "signatures": {"serving_default": {"beam_size": 4}, "greedy": {"beam_size": 1}},
+        "format_version": 2, "beam_size": 4, "length_penalty": 0.6, "extra_length": 50,
+        "signatures": {"serving_default": {"beam_size": 4}, "greedy": {"beam_size": 1},
+                       "translate_nbest": {"beam_size": 4,
+                                           "output_keys": ["hypotheses", "scores"]}},
         "input_key": "text", "output_key": "translation", "vocab_size": 40},
-        serving_default=text, greedy=text)
+        serving_default=text, greedy=text, translate_nbest=nbest)
     _save(fx / "detector", "classes.json", {"class_names": [c["name"] for c in CATEGORIES],
                                             "category_ids": [1, 2, 3]},
           serving_default=(lambda images: _no_boxes(images),

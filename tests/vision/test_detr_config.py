@@ -44,8 +44,6 @@ def test_overrides_make_a_new_frozen_config():
         tiny.hidden_dim = 64
     with pytest.raises(ValueError, match="num_querys"):
         preset("tiny", num_querys=3)
-    with pytest.raises(ValueError, match="`backbone_learning_rate` is now `backbone_lr_mult"):
-        preset("tiny", backbone_learning_rate=1e-5)
     with pytest.raises(ValueError, match="'huge'"):
         preset("huge")
     assert "num_classes" not in {f.name for f in dataclasses.fields(DetrConfig)}

@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,7 +17,8 @@ from vision.config import preset
 from vision.data.batching import ObjectLimit, make_batches
 from vision.modeling.detr import build_model
 from vision.modeling.postprocess import postprocess
-from vision.training.export import export_detector, load_detector, make_detect_fn
+from vision.serving import load_detector
+from vision.training.export import export_detector, make_detect_fn
 
 SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32),
              num_encoder_layers=1, num_decoder_layers=2)
@@ -115,6 +117,16 @@ def test_load_detector_and_in_process_detect_fn(exported, tmp_path):
         detector.detect_bytes([b"not an image"])
     with pytest.raises(ValueError, match="No exported detector"):
         load_detector(tmp_path)
+    module = tf.Module()
+    module.f = tf.function(lambda images: {"boxes": images},
+                           input_signature=[tf.TensorSpec([None], tf.uint8, name="images")])
+    tf.saved_model.save(module, str(tmp_path / "other"), signatures={"serving_default": module.f})
+    (tmp_path / "other" / "classes.json").write_text('{"class_names": ["a"]}')
+    with pytest.raises(ValueError) as info:
+        load_detector(tmp_path / "other")
+    assert str(info.value) == (f"{tmp_path / 'other'} has no 'serving_bytes' signature (it has "
+                               "['serving_default']), so it is no detector export")
+    shutil.rmtree(tmp_path / "other")
     # Exporting again replaces the directory as a whole.
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "stale.txt").write_text("x")
@@ -124,3 +136,25 @@ def test_load_detector_and_in_process_detect_fn(exported, tmp_path):
     assert load_detector(tmp_path / "export").category_ids == [4, 5, 9]
     with pytest.raises(ValueError, match="model's 3 classes"):
         export_detector(model, tmp_path / "bad", NAMES[:2], IMAGE_SIZE, MAX_SIZE)
+
+
+def test_failed_export_leaves_the_previous_export_intact(exported, tmp_path, monkeypatch):
+    import keras
+
+    model, path = exported
+    target = tmp_path / "export"
+    export_detector(model, target, NAMES, IMAGE_SIZE, MAX_SIZE, category_ids=[4, 5, 9])
+    before = {name: (target / name).read_bytes() for name in ("saved_model.pb", "classes.json")}
+
+    def write_half_and_fail(self, filepath, **kwargs):
+        with open(os.path.join(filepath, "saved_model.pb"), "wb") as f:
+            f.write(b"half")
+        raise OSError("disk full")
+
+    archive_class = type(keras.export.ExportArchive())  # the backend's subclass
+    monkeypatch.setattr(archive_class, "write_out", write_half_and_fail)
+    with pytest.raises(OSError, match="disk full"):
+        export_detector(model, target, NAMES, IMAGE_SIZE, MAX_SIZE)
+    assert {name: (target / name).read_bytes() for name in before} == before
+    assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary directory left behind
+    assert load_detector(target).category_ids == [4, 5, 9]  # the earlier export, whole

@@ -15,7 +15,7 @@ Two ways in:
   (for instance `vision.modeling.postprocess.postprocess` outputs scaled to the original images);
 - `evaluate_records(detect, records)`: runs ``detect`` (uint8 images -> boxes/scores/labels,
   e.g. `vision.training.export.make_detect_fn` in process or a loaded
-  `vision.training.export.Detector`) over
+  `vision.serving.Detector`) over
   a split's records (`vision.data.DetectionSource.records`) and scores it.
 """
 

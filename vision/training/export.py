@@ -15,31 +15,36 @@ process that has only ``tensorflow`` (and under ``saved_model_cli``)::
 
 ``DIR/export/classes.json`` holds ``{"class_names": [...], "category_ids": [...] | null}``:
 label ``i`` is ``class_names[i]`` (and COCO category ``category_ids[i]`` for ``coco:`` data).
+
+This module writes exports; `vision.serving` reads them (`load_detector`, `Detector`) and
+defines the signature and file names.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 
 import keras
-import numpy as np
 import tensorflow as tf
 
+from tfx_transformer.training.export_dir import write_export_dir
 from vision.data.augment import normalize_image, resized_shape
 from vision.modeling.postprocess import postprocess
+from vision.serving import (
+    BYTES_KEY,
+    BYTES_SIGNATURE,
+    CLASSES_FILE,
+    IMAGES_KEY,
+    OUTPUT_KEYS,
+    SERVING,
+)
 
-__all__ = [
-    "Detector", "decode_and_preprocess", "export_detector", "load_detector", "make_detect_fn",
-    "preprocess_images",
-]
+__all__ = ["decode_and_preprocess", "export_detector", "make_detect_fn", "preprocess_images"]
 
-CLASSES_FILE = "classes.json"
-IMAGES_SPEC = tf.TensorSpec([None, None, None, 3], tf.uint8, name="images")
-BYTES_SPEC = tf.TensorSpec([None], tf.string, name="image_bytes")
+IMAGES_SPEC = tf.TensorSpec([None, None, None, 3], tf.uint8, name=IMAGES_KEY)
+BYTES_SPEC = tf.TensorSpec([None], tf.string, name=BYTES_KEY)
 
 
 def preprocess_images(images, image_size: int, max_size: int | None) -> tuple[dict, tf.Tensor]:
@@ -95,7 +100,7 @@ def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
 
 def _detections(model, inputs: dict, sizes) -> dict:
     post = postprocess(model(inputs, training=False), sizes)
-    return {"boxes": post["boxes"], "scores": post["scores"], "labels": post["labels"]}
+    return {key: post[key] for key in OUTPUT_KEYS}
 
 
 def _serving(model, image_size: int, max_size: int | None, from_bytes: bool) -> Callable:
@@ -134,8 +139,9 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
     pixels of each input image, ``scores`` ``(B, Q)`` float32 and ``labels`` ``(B, Q)`` int32.
     Every query is returned; apply a score threshold downstream.
 
-    The export is written next to ``path`` and moved into place at the end, so a failed
-    export never leaves a half-written directory in place of a good one.
+    The export is written to a temporary directory beside ``path`` and moved into place at the
+    end (`tfx_transformer.training.export_dir.write_export_dir`), so a failed export leaves
+    the previous one as it was.
 
     Args:
         model: a trained `vision.modeling.detr.DETR`.
@@ -151,93 +157,19 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
     if len(class_names) != model.num_classes:
         raise ValueError(f"`class_names` must name the model's {model.num_classes} classes. "
                          f"Received: {len(class_names)} names")
-    path = os.fspath(path)
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".export-", dir=parent)
-    try:
+
+    def write(directory):
         archive = keras.export.ExportArchive()
         archive.track(model)
-        for name, from_bytes in (("serving_default", False), ("serving_bytes", True)):
+        for name, from_bytes in ((SERVING, False), (BYTES_SIGNATURE, True)):
             archive.add_endpoint(
                 name=name, fn=_serving(model, image_size, max_size, from_bytes),
                 input_signature=[BYTES_SPEC if from_bytes else IMAGES_SPEC],
             )
-        archive.write_out(tmp, verbose=False)
-        with open(os.path.join(tmp, CLASSES_FILE), "w", encoding="utf-8") as f:
+        archive.write_out(directory, verbose=False)
+        with open(os.path.join(directory, CLASSES_FILE), "w", encoding="utf-8") as f:
             json.dump({"class_names": list(class_names),
                        "category_ids": None if category_ids is None else list(category_ids)},
                       f, indent=2)
-        old = None
-        if os.path.exists(path):
-            old = tempfile.mkdtemp(prefix=".export-old-", dir=parent)
-            os.replace(path, os.path.join(old, "export"))
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
 
-
-def _read_classes(path: str) -> tuple[tuple[str, ...], list[int] | None]:
-    """``(class_names, category_ids)`` of a ``classes.json``; ValueError naming it if bad."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a valid JSON file ({error}).") from None
-    names = info.get("class_names") if isinstance(info, dict) else None
-    ids = info.get("category_ids") if isinstance(info, dict) else None
-    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise ValueError(f"{path}: 'class_names' must be a non-empty list of strings. "
-                         f"Received: {names!r}")
-    if ids is not None and (
-        not isinstance(ids, list) or len(ids) != len(names)
-        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
-    ):
-        raise ValueError(f"{path}: 'category_ids' must be null or {len(names)} integers, one "
-                         f"per class name. Received: {ids!r}")
-    return tuple(names), ids
-
-
-class Detector:
-    """A loaded ``Detector`` SavedModel (see `load_detector`).
-
-    Attributes:
-        path: the export directory.
-        class_names: name of each label.
-        category_ids: COCO category id of each label, or None.
-    """
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = os.fspath(path)
-        if not os.path.isfile(os.path.join(self.path, "saved_model.pb")):
-            raise ValueError(f"No exported detector at {self.path!r} (expected DIR/export, a "
-                             "SavedModel written by train_detr.py).")
-        classes = os.path.join(self.path, CLASSES_FILE)
-        if not os.path.isfile(classes):
-            raise ValueError(f"{classes} is missing: the export has no class names.")
-        self.class_names, self.category_ids = _read_classes(classes)
-        loaded = tf.saved_model.load(self.path)
-        self._images = loaded.signatures["serving_default"]
-        self._bytes = loaded.signatures["serving_bytes"]
-
-    def __call__(self, images) -> dict[str, np.ndarray]:
-        """Detections of ``(B, H, W, 3)`` uint8 images: boxes, scores, labels as NumPy."""
-        images = tf.convert_to_tensor(images)
-        if images.dtype != tf.uint8 or images.shape.rank != 4 or images.shape[-1] != 3:
-            raise ValueError("`images` must be uint8 of shape (B, H, W, 3). Received: "
-                             f"dtype={images.dtype.name}, shape={tuple(images.shape)}")
-        return {k: v.numpy() for k, v in self._images(images=images).items()}
-
-    def detect_bytes(self, image_bytes: Sequence[bytes]) -> dict[str, np.ndarray]:
-        """Detections of encoded images (any sizes); raises `tf.errors.InvalidArgumentError`
-        for data that is not a decodable image."""
-        data = tf.constant(list(image_bytes), tf.string, shape=[len(image_bytes)])
-        return {k: v.numpy() for k, v in self._bytes(image_bytes=data).items()}
-
-
-def load_detector(path: str | os.PathLike) -> Detector:
-    """Loads ``DIR/export``; raises ValueError naming the path when it is not an export."""
-    return Detector(path)
+    return write_export_dir(path, write)
