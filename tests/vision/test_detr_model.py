@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-import vision.modeling.detr as detr_module
+import vision.training.set_loss as set_loss_module
 from vision.config import preset
 from vision.matching.losses import SetCriterion
 from vision.modeling.backbone import ResNet50Backbone, TinyBackbone, build_backbone
@@ -231,11 +231,11 @@ def test_compile_defaults_and_replica_scaling(monkeypatch):
     assert single == pytest.approx(float(model.criterion(y_pred, y)["loss"]))
     # Two replicas (the cross-replica sum stood in for), the other holding as many targets:
     # same num_boxes, loss halved per replica.
-    monkeypatch.setattr(detr_module, "num_replicas", lambda: 2)
-    monkeypatch.setattr(detr_module, "replica_sum", lambda n: 2.0 * n)
+    monkeypatch.setattr(set_loss_module, "num_replicas", lambda: 2)
+    monkeypatch.setattr(set_loss_module, "replica_sum", lambda n: 2.0 * n)
     assert float(model.compute_loss(x, y, y_pred)) == pytest.approx(single / 2, rel=1e-6)
     # The other replica holding no targets: num_boxes = 3 / 2, box losses grow by 2.
-    monkeypatch.setattr(detr_module, "replica_sum", lambda n: n)
+    monkeypatch.setattr(set_loss_module, "replica_sum", lambda n: n)
     losses = model.criterion(y_pred, y, num_boxes=1.5)
     assert float(model.compute_loss(x, y, y_pred)) == pytest.approx(
         float(losses["loss"]) / 2, rel=1e-6
