@@ -5,7 +5,8 @@
 - `distribute` (strategies, cross-replica sums), `precision` (dtype policies), `bounds` (time
   and step limits, the progress line), `callbacks` (resume, checkpoints, logs, guards),
   `checkpoints` (averaging, the best epoch), `workdir` (the work directory and its records),
-  `schedules` (learning-rate schedules), `cli` (the scripts' shared flags).
+  `schedules` (learning-rate schedules), `cli` (the commands' shared flags),
+  `quiet` (their quiet start).
 
 Modules are imported on use, so importing this package loads no TensorFlow.
 """
