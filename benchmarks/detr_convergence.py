@@ -22,7 +22,6 @@ import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tfx_transformer.training.cli import positive  # noqa: E402
 from tfx_transformer.training.run import RunOptions  # noqa: E402

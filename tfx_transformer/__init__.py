@@ -4,30 +4,16 @@
 - `tfx_transformer.training`: what both trainers share (TensorFlow allowed): strategy,
   precision, time and step bounds, checkpoints, the work directory, the `Trainer`.
 
-The names below are the layers' and the learning-rate schedules'.
+The names below are the layers' and the learning-rate schedules'. They are imported on first
+use (``tt.MultiHeadAttention``, ``from tfx_transformer import ...``), so that importing this
+package loads no TensorFlow: the commands (`tfx_transformer.training.quiet`) silence
+TensorFlow's start-up lines before it is imported.
 """
 
-from tfx_transformer.layers import (
-    AttentionOutput,
-    FeedForward,
-    LearnedPositionEmbedding,
-    MultiHeadAttention,
-    SinePositionEmbedding2D,
-    SinusoidalPositionEncoding,
-    TransformerDecoder,
-    TransformerDecoderLayer,
-    TransformerEncoder,
-    TransformerEncoderLayer,
-    add_position,
-    causal_mask,
-    key_padding_mask,
-    merge_masks,
-    padding_mask,
-    scaled_dot_product_attention,
-    sine_features,
-    to_attention_mask,
-)
-from tfx_transformer.training.schedules import BudgetSchedule, NoamSchedule
+import importlib
+
+_SCHEDULES = ("BudgetSchedule", "NoamSchedule")
+_SUBMODULES = ("layers", "training")
 
 __version__ = "0.1.0"
 
@@ -53,3 +39,19 @@ __all__ = [
     "sine_features",
     "to_attention_mask",
 ]
+
+
+def __getattr__(name: str):
+    """Imports a layer, a schedule or a subpackage on first use (PEP 562)."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tfx_transformer.{name}")
+    if name in __all__:
+        module = "training.schedules" if name in _SCHEDULES else "layers"
+        value = getattr(importlib.import_module(f"tfx_transformer.{module}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tfx_transformer' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__, *_SUBMODULES})

@@ -1,27 +1,24 @@
 """translate.py and evaluate_nmt.py on bad input: one ``error:`` line naming what to fix.
 
-Each runs the script's ``main`` in process through ``run_cli``, and fails before any model is
-loaded; the successful runs are in test_nmt_pipeline.py.
+Each runs the ``main`` of the script's command (`nlp.commands`) in process through ``run_cli``,
+and fails before any model is loaded; the successful runs are in test_nmt_pipeline.py.
 """
 
-import importlib.util
+import importlib
 import io
 import sys
-from pathlib import Path
 
 import pytest
 
 from nlp import evaluate
 from tfx_transformer.training.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = {"translate.py": "nlp.commands.translate", "evaluate_nmt.py": "nlp.commands.evaluate"}
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name[:-3], ROOT / "scripts" / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The command module that ``scripts/NAME`` runs."""
+    return importlib.import_module(COMMANDS[name])
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Every script fed bad input: exit code 2, one `error:` line naming what to fix, nothing lost.
 
-Each case runs the script's ``main`` in this process as ``sys.exit(run_cli(main))`` does, with
+Each case runs the ``main`` of the script's command in this process as the script does, with
 `keras.Model.fit` trapped (a case that gets to training fails at once); a few run again from
 the shell, TensorFlow's start-up logging not suppressed. Checked: exit code 2; stderr is one
 ``error:`` line (after argparse's usage) matching every pattern; no traceback; no file under the
@@ -8,7 +8,7 @@ case's folder or the fixtures changed. Run: pytest tests/scripts/test_cli_batter
 """
 
 import collections
-import importlib.util
+import importlib
 import io
 import json
 import os
@@ -27,9 +27,13 @@ import tensorflow as tf
 from PIL import Image
 
 from nlp.tokenizer import train_tokenizer
-from tfx_transformer.training.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = {  # scripts/NAME -> the command module it runs
+    "train_nmt.py": "nlp.commands.train", "translate.py": "nlp.commands.translate",
+    "evaluate_nmt.py": "nlp.commands.evaluate", "train_detr.py": "vision.commands.train",
+    "detect.py": "vision.commands.detect", "evaluate_detr.py": "vision.commands.evaluate",
+    "quickstart.py": "tfx_transformer.quickstart"}
 CATEGORIES = [{"id": i + 1, "name": n} for i, n in enumerate(("circle", "square", "triangle"))]
 SIZES = {"0.png": (24, 32), "1.png": (30, 40), "2.png": (32, 24)}  # (height, width)
 
@@ -287,11 +291,9 @@ _MODULES = {}
 
 
 def _run(name, argv, seconds=0):
-    """``run_cli(main, argv)`` of ``scripts/NAME`` as its ``__main__`` does; the exit code."""
+    """``main(argv)`` of the command ``scripts/NAME`` runs, as the script does; the exit code."""
     if name not in _MODULES:
-        spec = importlib.util.spec_from_file_location(f"cli_{name[:-3]}", ROOT / "scripts" / name)
-        _MODULES[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_MODULES[name])
+        _MODULES[name] = importlib.import_module(COMMANDS[name])
 
     def alarm(signum, frame):
         raise _Stopped(f"still running after {seconds} s")
@@ -299,7 +301,7 @@ def _run(name, argv, seconds=0):
     previous = signal.signal(signal.SIGALRM, alarm)
     signal.alarm(seconds)
     try:
-        return run_cli(_MODULES[name].main, [str(arg) for arg in argv])
+        return _MODULES[name].main([str(arg) for arg in argv])
     except SystemExit as stop:  # argparse
         return stop.code
     except _Stopped as stopped:

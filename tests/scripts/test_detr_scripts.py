@@ -1,7 +1,7 @@
 """train_detr.py, detect.py and evaluate_detr.py through their command lines."""
 
 import contextlib
-import importlib.util
+import importlib
 import io
 import json
 import os
@@ -19,6 +19,8 @@ from vision.config import PRESETS
 from vision.data.shapes import ShapesGenerator
 
 ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = {"train_detr.py": "vision.commands.train", "detect.py": "vision.commands.detect",
+            "evaluate_detr.py": "vision.commands.evaluate"}  # what scripts/NAME runs
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -114,9 +116,7 @@ def test_evaluate_scores_every_coco_image(trained, coco_dir):
 
 def _main(script):
     """The script's ``main`` wrapped in ``run_cli``, run in this process (saves a start-up)."""
-    spec = importlib.util.spec_from_file_location(script[:-3], ROOT / "scripts" / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(COMMANDS[script])
     return lambda *args: run_cli(module.main, [str(a) for a in args])
 
 

@@ -5,8 +5,7 @@ test_detr_scripts.py and tests/nlp/test_nmt_pipeline.py.
 """
 
 import dataclasses
-import importlib.util
-from pathlib import Path
+import importlib
 
 import pytest
 
@@ -15,14 +14,14 @@ from tfx_transformer.training.cli import run_cli
 from tfx_transformer.training.run import RunOptions
 from vision import config as detr_config
 
-ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = {"train_nmt.py": "nlp.commands.train", "train_detr.py": "vision.commands.train",
+            "quickstart.py": "tfx_transformer.quickstart"}
 
 
 def _script(name, trainer_name, monkeypatch):
-    """The script module with its trainer replaced by one that records its arguments."""
-    spec = importlib.util.spec_from_file_location(name[:-3], ROOT / "scripts" / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The command module of ``scripts/NAME`` with its trainer replaced by one that records
+    its arguments."""
+    module = importlib.import_module(COMMANDS[name])
     calls = []
 
     def record(*args, **kwargs):
@@ -124,15 +123,19 @@ class _Stop(Exception):
 
 
 def test_quickstart_trains_both_tiny_presets(monkeypatch, tmp_path):
-    module, _ = _script("quickstart.py", "train_nmt", monkeypatch)
+    import nlp.train
+    import vision.training.train
+
+    module = importlib.import_module(COMMANDS["quickstart.py"])
     calls = []
 
     def record(*args, **kwargs):
         calls.append((args, kwargs))
         raise _Stop  # what follows needs a trained model
 
-    monkeypatch.setattr(module, "train_nmt", record)
-    monkeypatch.setattr(module, "train_detr", record)
+    # The quick start imports the applications when it runs them.
+    monkeypatch.setattr(nlp.train, "train_nmt", record)
+    monkeypatch.setattr(vision.training.train, "train_detr", record)
     with pytest.raises(_Stop):
         module.main(["--minutes", "3", "--workdir", str(tmp_path)])
     with pytest.raises(_Stop):

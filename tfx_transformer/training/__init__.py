@@ -5,8 +5,9 @@
 - `distribute` (strategies, cross-replica sums), `precision` (dtype policies), `bounds` (time
   and step limits, the progress line), `callbacks` (resume, checkpoints, logs, guards),
   `checkpoints` (averaging, the best epoch), `workdir` (the work directory and its records),
-  `schedules` (learning-rate schedules), `cli` (the scripts' shared flags), `export_dir`
-  (writing an export directory so that a failure keeps the previous export).
+  `schedules` (learning-rate schedules), `cli` (the commands' shared flags), `quiet` (their
+  quiet start), `export_dir` (writing an export directory so that a failure keeps the
+  previous export).
 
 Modules are imported on use, so importing this package loads no TensorFlow.
 """

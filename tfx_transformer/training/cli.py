@@ -14,8 +14,9 @@ and ``sys.exit(run_cli(main))`` turns bad input into one ``error:`` line and exi
 error that names a field set by a flag of the tables (```batch_size```, ``batch_size=0``) names
 the flag instead (```--batch-size```, ``--batch-size 0``): the user typed that.
 
-The scripts start quietly (no TensorFlow start-up lines): their first import is
-``scripts/_quiet.py``; ``--verbose`` or ``TFX_TRANSFORMER_VERBOSE=1`` keeps those lines.
+The commands start quietly (no TensorFlow start-up lines): their first import is
+`tfx_transformer.training.quiet`; ``--verbose`` or ``TFX_TRANSFORMER_VERBOSE=1`` keeps those
+lines.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
-"""The first import of every script: TensorFlow starts without its log lines.
+"""The first import of every command: TensorFlow starts without its log lines.
 
-    from scripts._quiet import quiet_start  # noqa: E402
+    from tfx_transformer.training.quiet import quiet_start
     quiet_start()
 
-before anything else imports TensorFlow. Unless ``--verbose`` is on the command line or
-``TFX_TRANSFORMER_VERBOSE=1`` is set, it sets ``TF_CPP_MIN_LOG_LEVEL=3`` (no C++ info, warning
-or error lines later, such as "failed call to cuInit" on a machine without a GPU), keeps
-TensorFlow's and absl's Python loggers to errors, and imports TensorFlow with the process's
-stderr (file descriptor 2) sent to /dev/null: TensorFlow 2.21 writes its start-up lines
-("oneDNN custom operations are on", "Could not find cuda drivers", "All log messages before
-absl::InitializeLog() ...") while it loads, before any log level applies. A failed import still
-raises, with stderr back in place.
+before anything else imports TensorFlow (this module and the packages above it import none).
+Unless ``--verbose`` is on the command line or ``TFX_TRANSFORMER_VERBOSE=1`` is set, it sets
+``TF_CPP_MIN_LOG_LEVEL=3`` (no C++ info, warning or error lines later, such as "failed call to
+cuInit" on a machine without a GPU), keeps TensorFlow's and absl's Python loggers to errors,
+and imports TensorFlow with the process's stderr (file descriptor 2) sent to /dev/null:
+TensorFlow 2.21 writes its start-up lines ("oneDNN custom operations are on", "Could not find
+cuda drivers", "All log messages before absl::InitializeLog() ...") while it loads, before any
+log level applies. A failed import still raises, with stderr back in place.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def quiet_start(argv: list[str] | None = None) -> bool:
         return False
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     logging.getLogger("tensorflow").setLevel(logging.ERROR)
-    if "tensorflow" in sys.modules:  # imported already (a test running a script's main)
+    if "tensorflow" in sys.modules:  # imported already (a test running a command's main)
         return True
     sys.stderr.flush()
     saved = os.dup(2)

@@ -1,0 +1,73 @@
+"""Train a translator: python scripts/train_nmt.py --data embedded --workdir DIR [--preset tiny]."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tfx_transformer.training.quiet import quiet_start
+
+quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
+
+from nlp.config import PRESETS, SCHEDULES, preset  # noqa: E402
+from nlp.train import train_nmt  # noqa: E402
+from tfx_transformer.training.cli import (  # noqa: E402
+    COMMON_RUN_FLAGS,
+    add_override_arguments,
+    add_run_arguments,
+    overrides_from_args,
+    positive,
+    run_cli,
+    run_options_from_args,
+)
+
+# `preset` override (NMTConfig field or decoding setting) -> flag and argparse keywords.
+CONFIG_FLAGS = {
+    "batch_tokens": ("--batch-tokens", dict(type=positive(int), help="token budget per batch")),
+    "vocab_size": ("--vocab-size", dict(type=positive(int))),
+    "max_length": ("--max-length", dict(
+        type=positive(int), help="drop training pairs longer than this many tokens")),
+    "beam_size": ("--beam", dict(type=positive(int), metavar="BEAM",
+                                 help="beam width of the export")),
+    "schedule": ("--schedule", dict(
+        choices=SCHEDULES, help="noam (default): the paper's; budget: warm-up over "
+                                "--warmup-share of the run's steps or --time-budget, then "
+                                "linear decay to 0")),
+    "warmup_share": ("--warmup-share", dict(type=float, metavar="SHARE",
+                                            help="share of the run spent warming up")),
+    "patience": ("--patience", dict(
+        type=positive(int), metavar="N",
+        help="stop after N epochs without a better validation BLEU; export the best epoch")),
+    "average_last": ("--average-last", dict(
+        type=positive(int), metavar="N",
+        help="export the mean of the weights of the last N epochs (up to the best one); "
+             "default: a quarter of the epochs run, at most 10; 1: the last epoch alone")),
+    "valid_sentences": ("--valid-sentences", dict(
+        type=int, metavar="N", help="held-out pairs scored (greedy BLEU/chrF) every epoch; "
+                                    "0: none")),
+}
+EVAL_LIMIT = 1000  # held-out pairs translated and scored after training
+
+
+def command(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", default="embedded",
+                        help="embedded | tsv:PATH (source<TAB>target) | tfds:NAME")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "jit_compile"), eval_limit=EVAL_LIMIT,
+                      mixed_precision="auto")
+    add_override_arguments(parser, CONFIG_FLAGS)
+    args = parser.parse_args(argv)
+    config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
+    scores = train_nmt(args.data, args.workdir, config, run_options_from_args(args))
+    print("held-out:", " ".join(f"{k} {v}" for k, v in scores.items()))
+    return 0
+
+
+def main(argv=None) -> int:
+    """The command: `command` through `run_cli` (bad input: one ``error:`` line, exit 2)."""
+    return run_cli(command, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

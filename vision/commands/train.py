@@ -1,0 +1,64 @@
+"""Train a detector: python scripts/train_detr.py --data embedded --workdir DIR [--preset tiny].
+
+Writes DIR/checkpoints/, DIR/export/ (SavedModel + classes.json), DIR/logs/ (TensorBoard) and
+DIR/metrics.json, and prints the validation COCO AP. A killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tfx_transformer.training.quiet import quiet_start
+
+quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
+
+from tfx_transformer.training.cli import (  # noqa: E402
+    COMMON_RUN_FLAGS,
+    add_override_arguments,
+    add_run_arguments,
+    overrides_from_args,
+    positive,
+    run_cli,
+    run_options_from_args,
+)
+from vision.config import PRESETS, preset  # noqa: E402
+from vision.training.train import train_detr  # noqa: E402
+
+# DetrConfig field -> flag and argparse keywords.
+CONFIG_FLAGS = {
+    "batch_size": ("--batch-size", dict(type=positive(int), help="images per replica")),
+    "num_queries": ("--num-queries", dict(
+        type=positive(int), help="object queries (most objects per image)")),
+    "learning_rate": ("--learning-rate", dict(
+        type=positive(float),
+        help="Transformer learning rate (the backbone's keeps the preset's multiplier)")),
+    "backbone_weights": ("--backbone-weights", dict(
+        metavar="FILE", help="r50: local Keras ResNet-50 ImageNet weights (..._notop.h5)")),
+}
+
+
+def command(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--data", default="embedded",
+                        help="embedded | coco:IMAGES_DIR:ANNOTATIONS.json | tfds:NAME")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "eval_limit"), mixed_precision="auto")
+    add_override_arguments(parser, CONFIG_FLAGS)
+    args = parser.parse_args(argv)
+    if args.backbone_weights is not None and not os.path.isfile(args.backbone_weights):
+        parser.error(f"--backbone-weights: no such file {args.backbone_weights!r}")
+    config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
+    scores = train_detr(args.data, args.workdir, config, run_options_from_args(args))
+    print("validation:", " ".join(f"{k} {v}" for k, v in scores.items()))
+    return 0
+
+
+def main(argv=None) -> int:
+    """The command: `command` through `run_cli` (bad input: one ``error:`` line, exit 2)."""
+    return run_cli(command, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
