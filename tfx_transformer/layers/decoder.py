@@ -6,9 +6,10 @@ import keras
 from keras import ops
 
 from tfx_transformer.layers.attention import AttentionOutput
-from tfx_transformer.layers.block import ResidualBlockLayer, block_arguments, layer_norm
+from tfx_transformer.layers.block import ResidualBlockLayer
 from tfx_transformer.layers.masks import to_attention_mask
 from tfx_transformer.layers.position import add_position
+from tfx_transformer.layers.stack import TransformerStack
 
 __all__ = ["TransformerDecoderLayer", "TransformerDecoder"]
 
@@ -152,7 +153,7 @@ class TransformerDecoderLayer(ResidualBlockLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
-class TransformerDecoder(keras.layers.Layer):
+class TransformerDecoder(TransformerStack):
     """A stack of ``num_layers`` ``TransformerDecoderLayer``\\ s with a shared final LayerNorm.
 
     Args:
@@ -183,63 +184,26 @@ class TransformerDecoder(keras.layers.Layer):
         given, else ``None``.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_heads: int,
-        hidden_dim: int,
-        dropout: float = 0.1,
-        attention_dropout: float | None = None,
-        activation_dropout: float | None = None,
-        activation="relu",
-        norm_first: bool = False,
-        layer_norm_epsilon: float = 1e-5,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        return_intermediate: bool = False,
-        final_norm: bool | None = None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        if not isinstance(num_layers, int) or num_layers <= 0:
-            raise ValueError(f"`num_layers` must be a positive integer. Received: {num_layers!r}")
-        self.num_layers = num_layers
-        self.return_intermediate = return_intermediate
-        self.final_norm = final_norm
-        # Forwarded to every layer as they are, and saved in the config.
-        self._layer_arguments = block_arguments(
-            num_heads=num_heads,
-            hidden_dim=hidden_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
+    layer_class = TransformerDecoderLayer
+
+    # Written out, not inherited: ``return_intermediate`` stands before ``final_norm``.
+    def __init__(self, num_layers: int, num_heads: int, hidden_dim: int, dropout: float = 0.1,
+                 attention_dropout: float | None = None, activation_dropout: float | None = None,
+                 activation="relu", norm_first: bool = False, layer_norm_epsilon: float = 1e-5,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 return_intermediate: bool = False, final_norm: bool | None = None, **kwargs):
+        super().__init__(
+            num_layers, num_heads, hidden_dim, dropout, attention_dropout, activation_dropout,
+            activation, norm_first, layer_norm_epsilon, kernel_initializer, bias_initializer,
+            final_norm=final_norm, **kwargs,
         )
-        self.supports_masking = True
+        self.return_intermediate = return_intermediate
+
+    def _uses_final_norm(self) -> bool:
+        return super()._uses_final_norm() or self.return_intermediate
 
     def build(self, x_shape, memory_shape=None):
-        self.layers = []
-        for i in range(self.num_layers):
-            layer = TransformerDecoderLayer(
-                **self._layer_arguments, dtype=self.dtype_policy, name=f"layer_{i}"
-            )
-            layer.build(x_shape, memory_shape)
-            self.layers.append(layer)
-        use_norm = self.final_norm
-        if use_norm is None:
-            use_norm = self._layer_arguments["norm_first"] or self.return_intermediate
-        self.norm = None
-        if use_norm:
-            epsilon = self._layer_arguments["layer_norm_epsilon"]
-            self.norm = layer_norm(x_shape, epsilon, self.dtype_policy, "final_norm")
-
-    def normalize(self, x):
-        """The shared final LayerNorm of ``x`` ``(..., d)``; ``x`` itself when there is none."""
-        return x if self.norm is None else self.norm(x)
+        super().build(x_shape, memory_shape)
 
     def compute_cross_attention_cache(self, memory, memory_pos=None):
         """Cross-attention keys/values of every layer, ``(B, L, 2, S, H, D)``."""
@@ -317,10 +281,5 @@ class TransformerDecoder(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            num_layers=self.num_layers,
-            return_intermediate=self.return_intermediate,
-            final_norm=self.final_norm,
-            **self._layer_arguments,
-        )
+        config.update(return_intermediate=self.return_intermediate)
         return config
