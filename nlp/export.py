@@ -18,10 +18,10 @@ tf.string → ``translation`` (N,) tf.string, and ``translate_nbest``: ``text`` 
 ``hypotheses`` (N, K) tf.string and ``scores`` (N, K) float32, the ``K = beam_size`` best
 hypotheses of the beam search, best first, with their length-penalized log-probabilities
 (the first is ``serving_default``'s translation); and ``translator.json``, which records the
-decoding settings, the signatures and the vocabulary size. Exports written before
-``translator.json`` existed have ``beam_size.txt`` instead (the width of ``serving_default``);
-`load_translator` reads both. Exports written before ``translate_nbest`` existed load and
-translate as before; only asking them for n-best lists is an error.
+decoding settings, the signatures and the vocabulary size. An export without
+``translator.json`` has ``beam_size.txt`` instead (the width of ``serving_default``);
+`load_translator` reads both. An export without ``translate_nbest`` loads and translates;
+only asking it for n-best lists is an error.
 
 This module writes exports; `nlp.serving` reads them (`load_translator`, `Translator`,
 `read_info`, also importable from here) and defines the signature names.
@@ -39,7 +39,7 @@ import keras
 import tensorflow as tf
 
 from nlp.decoding import DecodingSettings, search
-from nlp.serving import (  # noqa: F401  (also importable from here, as before)
+from nlp.serving import (  # noqa: F401  (importable from here too: README names load_translator)
     FORMAT_VERSION,
     GREEDY,
     HYPOTHESES_KEY,
