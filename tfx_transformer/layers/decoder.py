@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tfx_transformer.layers.attention import AttentionOutput
+from tfx_transformer.layers.attention import AttentionOutput, call_arguments
 from tfx_transformer.layers.block import ResidualBlockLayer
 from tfx_transformer.layers.masks import to_attention_mask
 from tfx_transformer.layers.position import add_position
@@ -24,9 +24,15 @@ def _output_spec(output_shape, attention_shape, cache, dtype) -> AttentionOutput
     return AttentionOutput(keras.KerasTensor(output_shape, dtype=dtype), attention, cache)
 
 
-def _cross_length(memory, cross_attention_cache):
-    """``S``, from ``memory`` ``(B, S, d)`` or from the cache ``(..., 2, S, H, D)``."""
-    return memory.shape[1] if cross_attention_cache is None else cross_attention_cache.shape[-3]
+def _spec_arguments(layer, args, kwargs):
+    """``(x, cache, S or None)`` of a decoder ``call``: ``S`` when it returns cross-attention
+    weights, from ``memory`` ``(B, S, d)`` or from the cache ``(..., 2, S, H, D)``."""
+    arguments = call_arguments(layer, args, kwargs)
+    memory, cross_cache = arguments["memory"], arguments["cross_attention_cache"]
+    length = None
+    if arguments["return_cross_attention"]:
+        length = memory.shape[1] if cross_cache is None else cross_cache.shape[-3]
+    return arguments["x"], arguments["cache"], length
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
@@ -140,15 +146,10 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         )
         return AttentionOutput(output=x, attention=weights, cache=new_cache)
 
-    def compute_output_spec(
-        self, x, memory, self_attention_mask=None, memory_mask=None, query_pos=None,
-        memory_pos=None, use_causal_mask=False, cache=None, cache_index=None,
-        cross_attention_cache=None, return_cross_attention=False, training=None,
-    ) -> AttentionOutput:
+    def compute_output_spec(self, *args, **kwargs) -> AttentionOutput:
+        x, cache, length = _spec_arguments(self, args, kwargs)
         b, t = x.shape[:2]
-        attention = None
-        if return_cross_attention:  # (B, H, T, S)
-            attention = (b, self.num_heads, t, _cross_length(memory, cross_attention_cache))
+        attention = None if length is None else (b, self.num_heads, t, length)  # (B, H, T, S)
         return _output_spec(x.shape, attention, cache, self.compute_dtype)
 
 
@@ -265,17 +266,12 @@ class TransformerDecoder(TransformerStack):
             return (self.num_layers, *x_shape)
         return x_shape
 
-    def compute_output_spec(
-        self, x, memory, self_attention_mask=None, memory_mask=None, query_pos=None,
-        memory_pos=None, use_causal_mask=False, cache=None, cache_index=None,
-        cross_attention_cache=None, return_cross_attention=False, training=None,
-    ) -> AttentionOutput:
+    def compute_output_spec(self, *args, **kwargs) -> AttentionOutput:
+        x, cache, length = _spec_arguments(self, args, kwargs)
         b, t = x.shape[:2]
         attention = None
-        if return_cross_attention:  # (L, B, H, T, S)
-            heads, length = self._layer_arguments["num_heads"], _cross_length(
-                memory, cross_attention_cache)
-            attention = (self.num_layers, b, heads, t, length)
+        if length is not None:  # (L, B, H, T, S)
+            attention = (self.num_layers, b, self._layer_arguments["num_heads"], t, length)
         output = self.compute_output_shape(x.shape)
         return _output_spec(output, attention, cache, self.compute_dtype)
 
