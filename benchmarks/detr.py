@@ -5,9 +5,10 @@ optimizer step: forward, set loss with matching of every decoder layer, backward
 on the same outputs, the matcher alone (scipy and ``keras.ops`` solvers, every decoder layer,
 as the loss calls it), and the whole step XLA-compiled with the ``keras.ops`` solver, each the
 median of several repetitions after a warm-up. Prints the
-matcher's share of the step and, for the setting of DESIGN section 8's reference run of
+matcher's share of the step and, for the setting of the reference CPU run of
 facebookresearch/detr (vanilla ``tiny-detr``, batch 16, 128 px), the ratio to its 0.34 s/step
-(a figure measured elsewhere, on a 2-core CPU: not timed here). ``tiny`` adds the two-stage
+(measured with PyTorch on 2 threads of a 2-core CPU, not timed here; the run is described in
+benchmarks/README.md). ``tiny`` adds the two-stage
 proposals (matched too) and box refinement.
 
     python benchmarks/detr.py [--repeats 5] [--only tiny,tiny16,tiny-detr16,r50]
@@ -33,7 +34,7 @@ from vision.matching.matcher import HungarianMatcher  # noqa: E402
 from vision.modeling.detr import build_criterion, build_model  # noqa: E402
 from vision.training.optimizer import build_optimizer  # noqa: E402
 
-PEER_TINY_B16_S = 0.34  # facebookresearch/detr, DESIGN section 8 (PyTorch, 2 threads)
+PEER_TINY_B16_S = 0.34  # facebookresearch/detr's reference CPU run (PyTorch, 2 threads)
 SETTINGS = {  # name: (preset, batch, image side, objects per image)
     "tiny": ("tiny", 2, 128, 4),
     "tiny16": ("tiny", 16, 128, 4),

@@ -18,7 +18,7 @@ from nlp.decode_steps import (
     _restrict,
     _start_tokens,
 )
-from nlp.tokenizer import EOS_ID
+from nlp.special_ids import EOS_ID
 
 __all__ = ["beam_search", "beam_search_uncached"]
 

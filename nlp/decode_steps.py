@@ -10,7 +10,7 @@ import functools
 
 from keras import ops
 
-from nlp.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nlp.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 NEG = -1e9  # "minus infinity" that keeps arithmetic finite; also the score of no hypothesis
 FIRST_WIDTH_EXTRA = 8  # the cache starts min(N, S + S // 4 + FIRST_WIDTH_EXTRA) wide

@@ -15,7 +15,7 @@ from nlp.decode_steps import (
     _restrict,
     _start_tokens,
 )
-from nlp.tokenizer import EOS_ID, PAD_ID
+from nlp.special_ids import EOS_ID, PAD_ID
 
 __all__ = ["greedy_search", "greedy_search_uncached"]
 

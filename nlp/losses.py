@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from nlp.tokenizer import PAD_ID
+from nlp.special_ids import PAD_ID
 from tfx_transformer import checks
 from tfx_transformer.training.distribute import replica_sum
 

@@ -9,7 +9,7 @@ from keras import ops
 
 import tfx_transformer as tt
 from nlp.config import NMTConfig
-from nlp.tokenizer import PAD_ID
+from nlp.special_ids import PAD_ID
 
 __all__ = ["Seq2SeqTransformer", "build_model"]
 

@@ -17,13 +17,12 @@ _SUBMODULES = ("layers", "training")
 
 __version__ = "0.1.0"
 
-__all__ = [
+# The names of `tfx_transformer.layers` (its `__all__`), listed once.
+LAYER_NAMES = (
     "AttentionOutput",
-    "BudgetSchedule",
     "FeedForward",
     "LearnedPositionEmbedding",
     "MultiHeadAttention",
-    "NoamSchedule",
     "SinePositionEmbedding2D",
     "SinusoidalPositionEncoding",
     "TransformerDecoder",
@@ -38,7 +37,9 @@ __all__ = [
     "scaled_dot_product_attention",
     "sine_features",
     "to_attention_mask",
-]
+)
+
+__all__ = [*LAYER_NAMES, *_SCHEDULES]
 
 
 def __getattr__(name: str):

@@ -1,10 +1,11 @@
 """The detector's one configuration: a frozen dataclass with named presets.
 
 ``r50`` holds the numbers of facebookresearch/detr (``main.py`` defaults and the paper).
-``tiny-detr`` is vanilla DETR at the size of the reference CPU run (DESIGN section 8), and
-``tiny`` the same size with the convergence aids that let it learn in minutes on a CPU
-(two-stage queries, box refinement, local cross-attention; see `PRESETS`). The number of
-classes is not here: it comes from the data (``build_model(config, num_classes)``).
+``tiny-detr`` is vanilla DETR at the size of the reference CPU run of facebookresearch/detr
+(benchmarks/README.md), and ``tiny`` the same size with the convergence aids that let it learn
+in minutes on a CPU (two-stage queries, box refinement, local cross-attention; see
+`PRESETS`). The number of classes is not here: it comes from the data
+(``build_model(config, num_classes)``).
 
 Every field is checked once, in ``__post_init__`` (also after `preset` overrides); errors
 name the field and the value.
@@ -64,10 +65,9 @@ class DetrConfig:
     norm_first: bool = False  # post-norm, as DETR's default (pre_norm=False)
     # Convergence aids (DETR: "learned", None, False). query_type names a layer of
     # vision.modeling.queries.QUERY_LAYERS: "reference", a learned reference point per query
-    # positions
-    # the query and its box centre; "encoder", two-stage queries from the encoder's best
-    # proposals. attention_radius limits each query's cross-attention to a window around its
-    # reference point (needs reference points).
+    # positions the query and its box centre; "encoder", two-stage queries from the encoder's
+    # best proposals. attention_radius limits each query's cross-attention to a window around
+    # its reference point (needs reference points).
     query_type: str = "learned"
     attention_radius: float | None = None
     box_refinement: bool = False  # each decoder layer refines the previous layer's boxes
@@ -99,8 +99,8 @@ class DetrConfig:
     epochs: int = 300
     lr_drop_epochs: int = 200  # both learning rates are multiplied by 0.1 after this epoch
     # A run bounded by --max-steps or --time-budget drops them once this share of the bound is
-    # spent (if that comes before lr_drop_epochs): DETR's 200 of 300 epochs. In DETR the drop
-    # is where much of the final AP comes from; so it is in short runs (benchmarks/README.md).
+    # spent (if that comes before lr_drop_epochs): DETR's 200 of 300 epochs (what the drop
+    # does to short runs: benchmarks/README.md).
     lr_drop_fraction: float | None = 2 / 3
 
     # Data.
@@ -179,7 +179,7 @@ def _check_values(config: DetrConfig) -> None:
 
 
 # A 4-conv backbone, d 128, 3+3 layers, 20 queries, 128 px images, batch 16, lr 2e-4: the
-# setting of the reference CPU run of facebookresearch/detr in DESIGN section 8.
+# setting of the reference CPU run of facebookresearch/detr (benchmarks/README.md).
 _TINY = dict(
     backbone="tiny",
     hidden_dim=128,
@@ -200,8 +200,7 @@ _TINY = dict(
 
 PRESETS: dict[str, DetrConfig] = {
     "r50": DetrConfig(),
-    # Vanilla DETR at the reference CPU setting. It converges slowly: in 15 minutes on two
-    # cores every query still predicts the same box (benchmarks/README.md).
+    # Vanilla DETR at the reference CPU setting (how it converges: benchmarks/README.md).
     "tiny-detr": DetrConfig(name="tiny-detr", **_TINY),
     # The same model size with the convergence aids that make it learn in minutes on a CPU:
     # two-stage queries from the encoder's proposals, iterative box

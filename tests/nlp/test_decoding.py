@@ -9,7 +9,7 @@ import pytest
 from nlp import decode_steps, decoding
 from nlp.decoding import DecodingSettings
 from nlp.model import Seq2SeqTransformer
-from nlp.tokenizer import BOS_ID, EOS_ID
+from nlp.special_ids import BOS_ID, EOS_ID
 
 EOS = EOS_ID
 

@@ -11,7 +11,7 @@ import pytest
 
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import Seq2SeqTransformer
-from nlp.tokenizer import BOS_ID, EOS_ID
+from nlp.special_ids import BOS_ID, EOS_ID
 
 LAYOUT = Path(__file__).with_name("seq2seq_weights_layout.json")
 

@@ -1,4 +1,4 @@
-"""Tests of the SentencePiece tokenizer (`nlp.tokenizer`)."""
+"""Tests of the SentencePiece vocabulary and tokenizer (`nlp.vocabulary`, `nlp.tokenizer`)."""
 
 import io
 import re
@@ -7,13 +7,9 @@ import pytest
 import tensorflow as tf
 
 from nlp.data.embedded import generate_pairs
-from nlp.tokenizer import (
-    PLACEHOLDER_PATTERN,
-    SPECIAL_PIECES,
-    Tokenizer,
-    mine_placeholders,
-    train_tokenizer,
-)
+from nlp.special_ids import SPECIAL_PIECES
+from nlp.tokenizer import Tokenizer
+from nlp.vocabulary import PLACEHOLDER_PATTERN, mine_placeholders, train_tokenizer
 
 SENTENCES = [
     "Ich habe einundzwanzig Äpfel.",
@@ -261,9 +257,9 @@ def test_byte_pieces_only_when_they_take_at_most_an_eighth_of_the_free_ids(tmp_p
 
 
 def test_extras_that_do_not_fit_fall_back_to_the_plain_vocabulary(tmp_path, monkeypatch):
-    import nlp.tokenizer
+    import nlp.vocabulary
 
-    monkeypatch.setattr(nlp.tokenizer, "_copy_options", lambda sentences, size: (True, ["%s"]))
+    monkeypatch.setattr(nlp.vocabulary, "_copy_options", lambda sentences, size: (True, ["%s"]))
     texts = ["Ich habe zwölf Äpfel.", "I have twelve apples."]
     needed = _characters(texts)
     tokenizer = Tokenizer.from_file(train_tokenizer(texts, tmp_path / "x.model", needed))
@@ -307,7 +303,7 @@ def test_model_of_the_previous_options_still_loads(tmp_path):
         assert tokenizer.unk_id not in ids and tokenizer.decode(ids) == text
     assert tokenizer.tokenize(tf.constant(SENTENCES)).to_list() == [
         tokenizer.encode(text) for text in SENTENCES]
-    assert tokenizer.unk_id in tokenizer.encode("😀")  # as before: unk, no byte pieces
+    assert tokenizer.unk_id in tokenizer.encode("😀")  # no byte pieces: unk
     assert tokenizer.decode(tokenizer.encode("Speichern…")) == "Speichern..."
 
 

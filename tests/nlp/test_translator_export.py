@@ -16,7 +16,8 @@ from nlp.data.embedded import generate_pairs
 from nlp.decoding import DecodingSettings, search
 from nlp.evaluate import nbest_all, translate_all
 from nlp.model import Seq2SeqTransformer
-from nlp.tokenizer import EOS_ID, Tokenizer, train_tokenizer
+from nlp.special_ids import EOS_ID
+from nlp.tokenizer import Tokenizer, train_tokenizer
 
 DECODING = DecodingSettings(beam_size=3, length_penalty=0.6, extra_length=6)
 TEXTS = ["I have three apples.", "", "She is twenty-one years old."]

@@ -26,7 +26,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from nlp.tokenizer import train_tokenizer
+from nlp.vocabulary import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {  # scripts/NAME -> the command module it runs
@@ -185,8 +185,8 @@ P = "0 -1 nan"  # for every flag that takes a number > 0
 NUMBERS = [  # (command, flags, bad values)
     (NMT, "--epochs --max-steps --time-budget --batch-tokens --vocab-size --max-length --beam", P),
     (DETR, "--epochs --max-steps --time-budget --eval-limit --batch-size --num-queries "
-           "--learning-rate", P),  # --learning-rate nan: item 8; --batch-size 0: item 8
-    (TRANSLATE + " Hello", "--batch-size --beam-size", P),  # --batch-size -1: item 6
+           "--learning-rate", P),
+    (TRANSLATE + " Hello", "--batch-size --beam-size", P),
     (EVAL_NMT + "translator" + GOOD, "--beam-size --limit --batch-size", P),
     (EVAL_DETR + "detector --data embedded", "--limit --batch-size", P),
     (QUICK, "--minutes", P + " x"), (DETR, "--learning-rate", "inf"),
@@ -197,32 +197,32 @@ NUMBERS = [  # (command, flags, bad values)
 CASES = [A(f"{command.split()[0][:-3]}{flag}={value}", f"{command} {flag} {value}", F(flag))
          for command, flags, values in NUMBERS for flag in flags.split()
          for value in values.split()]
-CASES += [  # (the item in a comment)
+CASES += [  # bad choices, data files, work-directory states and models
     A("nmt-preset", NMT + " --preset huge", F("--preset"), "huge"),
     A("nmt-multi-worker", NMT + " --strategy multi_worker", "TF_CONFIG"),
     A("nmt-precision", NMT + " --mixed-precision fp8", F("--mixed-precision")),
-    C("nmt-vocab-10", TSV + " --vocab-size 10", F("--vocab-size"), r"\b10\b"),  # 7
+    C("nmt-vocab-10", TSV + " --vocab-size 10", F("--vocab-size"), r"\b10\b"),
     C("nmt-data-scheme", NMT + " --data foo:bar", "foo"),
     C("nmt-tsv-no-path", NMT + " --data tsv:", "tsv:"),
     C("nmt-tsv-missing", NMT + " --data tsv:{FX}/missing.tsv", "missing.tsv"),
-    C("nmt-tsv-dir", NMT + " --data tsv:{FX}/tsvdir", "tsvdir", "director"),  # 8
+    C("nmt-tsv-dir", NMT + " --data tsv:{FX}/tsvdir", "tsvdir", "director"),
     C("nmt-tsv-utf8", NMT + " --data tsv:{FX}/bad_utf8.tsv", "bad_utf8.tsv", LINE3),
     C("nmt-tsv-no-tab", NMT + " --data tsv:{FX}/notab.tsv", "notab.tsv", LINE2),
     C("nmt-tsv-empty", NMT + " --data tsv:{FX}/empty.tsv", "empty.tsv"),
-    C("nmt-all-filtered", TSV + " --max-length 2 --max-steps 2", F("--max-length")),  # 1
+    C("nmt-all-filtered", TSV + " --max-length 2 --max-steps 2", F("--max-length")),
     C("nmt-workdir-file", TSV, F("--workdir"), "director", state="file"),
-    C("nmt-tokenizer-empty", TSV, "tokenizer.model", state="empty_tokenizer"),  # 7
-    C("nmt-tokenizer-corrupt", TSV, "tokenizer.model", state="corrupt_tokenizer"),  # 8
-    C("nmt-metrics-list", TSV, "metrics.json", state="metrics_list"),  # 7
+    C("nmt-tokenizer-empty", TSV, "tokenizer.model", state="empty_tokenizer"),
+    C("nmt-tokenizer-corrupt", TSV, "tokenizer.model", state="corrupt_tokenizer"),
+    C("nmt-metrics-list", TSV, "metrics.json", state="metrics_list"),
     C("nmt-metrics-invalid", TSV, "metrics.json", state="metrics_invalid"),
-    C("nmt-other-data", TSV + " --vocab-size 300", "(tokenizer|vocab)", state="other_data"),  # 6
+    C("nmt-other-data", TSV + " --vocab-size 300", "(tokenizer|vocab)", state="other_data"),
     C("translate-beam-3", TRANSLATE + " --beam-size 3 Hello", "beam"),
-    C("translate-detector", "translate.py --model {FX}/detector Hi", "detector", "translat"),  # 7
-    C("translate-nothing", "translate.py --model {FX}/nothing Hello", "nothing"),  # 7
+    C("translate-detector", "translate.py --model {FX}/detector Hi", "detector", "translat"),
+    C("translate-nothing", "translate.py --model {FX}/nothing Hello", "nothing"),
     C("translate-bad-info", "translate.py --model {FX}/badinfo Hello", "translator.json"),
-    C("translate-stdin-utf8", TRANSLATE, LINE2, stdin=b"Hello\n\xff\xfe bad\nok\n"),  # 8
+    C("translate-stdin-utf8", TRANSLATE, LINE2, stdin=b"Hello\n\xff\xfe bad\nok\n"),
     C("translate-text-utf8", TRANSLATE + " ok \udcffbad", r"(TEXT|argument)"),
-    C("evalnmt-detector", EVAL_NMT + "detector" + GOOD, "detector"),  # 7
+    C("evalnmt-detector", EVAL_NMT + "detector" + GOOD, "detector"),
     C("evalnmt-tsv-utf8", EVAL_NMT + "translator --data tsv:{FX}/bad_utf8.tsv", LINE3),
     C("evalnmt-tsv-empty", EVAL_NMT + "translator --data tsv:{FX}/empty.tsv", "empty.tsv"),
     A("detr-preset", DETR + " --preset nope", F("--preset")),
@@ -232,11 +232,11 @@ CASES += [  # (the issue's item in a comment)
     C("detr-coco-no-ann", DETR + " --data coco:{FX}/img", "coco:"),
     C("detr-coco-missing", COCO + "missing.json", "missing.json"),
     C("detr-coco-invalid", COCO + "invalid.json", "invalid.json", "JSON"),
-    C("detr-coco-no-images", COCO + "empty_images.json --max-steps 2", "empty_images"),  # 1
-    C("detr-bbox-null", COCO + "bbox_null.json", "bbox_null.json", "annotation", "bbox"),  # 7
+    C("detr-coco-no-images", COCO + "empty_images.json --max-steps 2", "empty_images"),
+    C("detr-bbox-null", COCO + "bbox_null.json", "bbox_null.json", "annotation", "bbox"),
     C("detr-bbox-null-item", COCO + "bbox_nullitem.json", "bbox_nullitem.json", "annotation"),
-    C("detr-bbox-str", COCO + "bbox_str.json", "bbox_str.json", "annotation"),  # 8
-    C("detr-ann-not-object", COCO + "ann_int.json", "ann_int.json", "annotation"),  # 7
+    C("detr-bbox-str", COCO + "bbox_str.json", "bbox_str.json", "annotation"),
+    C("detr-ann-not-object", COCO + "ann_int.json", "ann_int.json", "annotation"),
     C("detr-ann-not-list", COCO + "ann_notlist.json", "ann_notlist.json", "annotations"),
     C("detr-image-missing", COCO + "gone_image.json", "gone.png"),
     C("detr-image-broken", COCO + "broken_image.json", "broken.png"),
@@ -244,7 +244,7 @@ CASES += [  # (the issue's item in a comment)
     C("detr-unknown-category", COCO + "unknown_cat.json", "unknown_cat.json", "42"),
     C("detr-too-many-objects", COCO + "good.json --num-queries 1", r"[012]\.png"),
     C("detr-workdir-file", DETR, F("--workdir"), "director", state="file"),
-    C("detr-metrics-list", DETR, "metrics.json", state="metrics_list"),  # 7
+    C("detr-metrics-list", DETR, "metrics.json", state="metrics_list"),
     C("detect-nothing", DETECT + "nothing" + IMG, "nothing"),
     C("detect-translator", DETECT + "translator" + IMG, "translator"),
     C("detect-classes-invalid", DETECT + "badclasses" + IMG, "classes.json"),
@@ -254,7 +254,7 @@ CASES += [  # (the issue's item in a comment)
     C("evaldetr-scheme", EVAL_DETR + "detector --data foo:x", "foo"),
     C("evaldetr-coco-missing", EVAL_COCO + "missing.json", "missing.json"),
     C("evaldetr-bbox-str", EVAL_COCO + "bbox_str.json", "bbox_str.json", "annotation"),
-    C("evaldetr-other-ids", EVAL_COCO + "other_ids.json", "categor"),  # 5
+    C("evaldetr-other-ids", EVAL_COCO + "other_ids.json", "categor"),
     C("quick-workdir-file", QUICK, F("--workdir"), "director", state="file"),
     C("quick-metrics-list", QUICK, "metrics.json", state="quick_metrics_list"),
 ]

@@ -1,5 +1,5 @@
-"""Tests for vision.matching.assignment: the keras.ops solver reaches scipy's minimum cost, under
-XLA."""
+"""Tests for vision.matching.assignment and vision.matching.ops_solver: the keras.ops solver
+reaches scipy's minimum cost, under XLA."""
 
 import keras
 import numpy as np

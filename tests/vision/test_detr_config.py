@@ -11,7 +11,7 @@ from vision.modeling.queries import QUERY_LAYERS
 
 
 def test_r50_holds_detrs_numbers():
-    r50 = preset("r50")  # facebookresearch/detr main.py defaults and the paper (DESIGN 4)
+    r50 = preset("r50")  # facebookresearch/detr main.py defaults and the paper
     assert (r50.backbone, r50.hidden_dim, r50.num_heads) == ("resnet50", 256, 8)
     assert (r50.num_encoder_layers, r50.num_decoder_layers, r50.ffn_dim) == (6, 6, 2048)
     assert (r50.num_queries, r50.dropout, r50.norm_first) == (100, 0.1, False)

@@ -4,6 +4,8 @@ Nothing here imports TensorFlow (a test fails on any such import); training plum
 `tfx_transformer.training`.
 """
 
+# ruff: noqa: F401  (the names are re-exported: `__all__` is `tfx_transformer.LAYER_NAMES`)
+
 from tfx_transformer.layers.attention import AttentionOutput, MultiHeadAttention
 from tfx_transformer.layers.decoder import TransformerDecoder, TransformerDecoderLayer
 from tfx_transformer.layers.dot_product import scaled_dot_product_attention
@@ -24,23 +26,6 @@ from tfx_transformer.layers.position import (
     sine_features,
 )
 
-__all__ = [
-    "AttentionOutput",
-    "FeedForward",
-    "LearnedPositionEmbedding",
-    "MultiHeadAttention",
-    "SinePositionEmbedding2D",
-    "SinusoidalPositionEncoding",
-    "TransformerDecoder",
-    "TransformerDecoderLayer",
-    "TransformerEncoder",
-    "TransformerEncoderLayer",
-    "add_position",
-    "causal_mask",
-    "key_padding_mask",
-    "merge_masks",
-    "padding_mask",
-    "scaled_dot_product_attention",
-    "sine_features",
-    "to_attention_mask",
-]
+from tfx_transformer import LAYER_NAMES
+
+__all__ = list(LAYER_NAMES)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import warnings
 from typing import Any, NamedTuple
@@ -14,7 +15,7 @@ from tfx_transformer import checks
 from tfx_transformer.layers.dot_product import scaled_dot_product_attention
 from tfx_transformer.layers.masks import causal_mask, check_mask_rank, merge_masks
 
-__all__ = ["AttentionOutput", "MultiHeadAttention"]
+__all__ = ["AttentionOutput", "MultiHeadAttention", "call_arguments"]
 
 
 class AttentionOutput(NamedTuple):
@@ -37,6 +38,18 @@ class AttentionOutput(NamedTuple):
     output: Any
     attention: Any | None = None
     cache: Any | None = None
+
+
+def call_arguments(layer: keras.layers.Layer, args, kwargs) -> dict:
+    """The arguments of ``layer.call(*args, **kwargs)`` by name, defaults filled in.
+
+    Keras calls ``compute_output_spec`` with the arguments of ``call``; the layers here take
+    them as ``*args, **kwargs`` and read them with this, so ``call``'s signature is the only
+    one written.
+    """
+    bound = inspect.signature(layer.call).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
 
 
 def _flatten_output(result: AttentionOutput):
@@ -295,21 +308,11 @@ class MultiHeadAttention(keras.layers.Layer):
         """The shape of the ``output`` field, ``(B, T, d_out)``."""
         return (*query_shape[:-1], self.output_dim or query_shape[-1])
 
-    def compute_output_spec(
-        self,
-        query,
-        value,
-        key=None,
-        attention_mask=None,
-        use_causal_mask: bool = False,
-        return_attention_scores: bool = False,
-        training=None,
-        cache=None,
-        cache_index=None,
-        query_mask=None,
-        value_mask=None,
-        key_mask=None,
-    ) -> AttentionOutput:
+    def compute_output_spec(self, *args, **kwargs) -> AttentionOutput:
+        """The ``AttentionOutput`` of KerasTensors that ``call`` returns for its arguments."""
+        arguments = call_arguments(self, args, kwargs)
+        query, value, cache = arguments["query"], arguments["value"], arguments["cache"]
+        return_attention_scores = arguments["return_attention_scores"]
         output = keras.KerasTensor(
             self.compute_output_shape(query.shape, value.shape), dtype=self.compute_dtype
         )

@@ -5,11 +5,11 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tfx_transformer import checks
-from tfx_transformer.layers.attention import AttentionOutput
-from tfx_transformer.layers.block import ResidualBlockLayer, block_arguments, layer_norm
+from tfx_transformer.layers.attention import AttentionOutput, call_arguments
+from tfx_transformer.layers.block import ResidualBlockLayer
 from tfx_transformer.layers.masks import to_attention_mask
 from tfx_transformer.layers.position import add_position
+from tfx_transformer.layers.stack import TransformerStack
 
 __all__ = ["TransformerDecoderLayer", "TransformerDecoder"]
 
@@ -24,9 +24,15 @@ def _output_spec(output_shape, attention_shape, cache, dtype) -> AttentionOutput
     return AttentionOutput(keras.KerasTensor(output_shape, dtype=dtype), attention, cache)
 
 
-def _cross_length(memory, cross_attention_cache):
-    """``S``, from ``memory`` ``(B, S, d)`` or from the cache ``(..., 2, S, H, D)``."""
-    return memory.shape[1] if cross_attention_cache is None else cross_attention_cache.shape[-3]
+def _spec_arguments(layer, args, kwargs):
+    """``(x, cache, S or None)`` of a decoder ``call``: ``S`` when it returns cross-attention
+    weights, from ``memory`` ``(B, S, d)`` or from the cache ``(..., 2, S, H, D)``."""
+    arguments = call_arguments(layer, args, kwargs)
+    memory, cross_cache = arguments["memory"], arguments["cross_attention_cache"]
+    length = None
+    if arguments["return_cross_attention"]:
+        length = memory.shape[1] if cross_cache is None else cross_cache.shape[-3]
+    return arguments["x"], arguments["cache"], length
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
@@ -140,20 +146,15 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         )
         return AttentionOutput(output=x, attention=weights, cache=new_cache)
 
-    def compute_output_spec(
-        self, x, memory, self_attention_mask=None, memory_mask=None, query_pos=None,
-        memory_pos=None, use_causal_mask=False, cache=None, cache_index=None,
-        cross_attention_cache=None, return_cross_attention=False, training=None,
-    ) -> AttentionOutput:
+    def compute_output_spec(self, *args, **kwargs) -> AttentionOutput:
+        x, cache, length = _spec_arguments(self, args, kwargs)
         b, t = x.shape[:2]
-        attention = None
-        if return_cross_attention:  # (B, H, T, S)
-            attention = (b, self.num_heads, t, _cross_length(memory, cross_attention_cache))
+        attention = None if length is None else (b, self.num_heads, t, length)  # (B, H, T, S)
         return _output_spec(x.shape, attention, cache, self.compute_dtype)
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
-class TransformerDecoder(keras.layers.Layer):
+class TransformerDecoder(TransformerStack):
     """A stack of ``num_layers`` ``TransformerDecoderLayer``\\ s with a shared final LayerNorm.
 
     Args:
@@ -184,61 +185,26 @@ class TransformerDecoder(keras.layers.Layer):
         given, else ``None``.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_heads: int,
-        hidden_dim: int,
-        dropout: float = 0.1,
-        attention_dropout: float | None = None,
-        activation_dropout: float | None = None,
-        activation="relu",
-        norm_first: bool = False,
-        layer_norm_epsilon: float = 1e-5,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        return_intermediate: bool = False,
-        final_norm: bool | None = None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_layers = checks.positive_int("num_layers", num_layers)
-        self.return_intermediate = return_intermediate
-        self.final_norm = final_norm
-        # Forwarded to every layer as they are, and saved in the config.
-        self._layer_arguments = block_arguments(
-            num_heads=num_heads,
-            hidden_dim=hidden_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
+    layer_class = TransformerDecoderLayer
+
+    # Written out, not inherited: ``return_intermediate`` stands before ``final_norm``.
+    def __init__(self, num_layers: int, num_heads: int, hidden_dim: int, dropout: float = 0.1,
+                 attention_dropout: float | None = None, activation_dropout: float | None = None,
+                 activation="relu", norm_first: bool = False, layer_norm_epsilon: float = 1e-5,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 return_intermediate: bool = False, final_norm: bool | None = None, **kwargs):
+        super().__init__(
+            num_layers, num_heads, hidden_dim, dropout, attention_dropout, activation_dropout,
+            activation, norm_first, layer_norm_epsilon, kernel_initializer, bias_initializer,
+            final_norm=final_norm, **kwargs,
         )
-        self.supports_masking = True
+        self.return_intermediate = return_intermediate
+
+    def _uses_final_norm(self) -> bool:
+        return super()._uses_final_norm() or self.return_intermediate
 
     def build(self, x_shape, memory_shape=None):
-        self.layers = []
-        for i in range(self.num_layers):
-            layer = TransformerDecoderLayer(
-                **self._layer_arguments, dtype=self.dtype_policy, name=f"layer_{i}"
-            )
-            layer.build(x_shape, memory_shape)
-            self.layers.append(layer)
-        use_norm = self.final_norm
-        if use_norm is None:
-            use_norm = self._layer_arguments["norm_first"] or self.return_intermediate
-        self.norm = None
-        if use_norm:
-            epsilon = self._layer_arguments["layer_norm_epsilon"]
-            self.norm = layer_norm(x_shape, epsilon, self.dtype_policy, "final_norm")
-
-    def normalize(self, x):
-        """The shared final LayerNorm of ``x`` ``(..., d)``; ``x`` itself when there is none."""
-        return x if self.norm is None else self.norm(x)
+        super().build(x_shape, memory_shape)
 
     def compute_cross_attention_cache(self, memory, memory_pos=None):
         """Cross-attention keys/values of every layer, ``(B, L, 2, S, H, D)``."""
@@ -300,26 +266,16 @@ class TransformerDecoder(keras.layers.Layer):
             return (self.num_layers, *x_shape)
         return x_shape
 
-    def compute_output_spec(
-        self, x, memory, self_attention_mask=None, memory_mask=None, query_pos=None,
-        memory_pos=None, use_causal_mask=False, cache=None, cache_index=None,
-        cross_attention_cache=None, return_cross_attention=False, training=None,
-    ) -> AttentionOutput:
+    def compute_output_spec(self, *args, **kwargs) -> AttentionOutput:
+        x, cache, length = _spec_arguments(self, args, kwargs)
         b, t = x.shape[:2]
         attention = None
-        if return_cross_attention:  # (L, B, H, T, S)
-            heads, length = self._layer_arguments["num_heads"], _cross_length(
-                memory, cross_attention_cache)
-            attention = (self.num_layers, b, heads, t, length)
+        if length is not None:  # (L, B, H, T, S)
+            attention = (self.num_layers, b, self._layer_arguments["num_heads"], t, length)
         output = self.compute_output_shape(x.shape)
         return _output_spec(output, attention, cache, self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            num_layers=self.num_layers,
-            return_intermediate=self.return_intermediate,
-            final_norm=self.final_norm,
-            **self._layer_arguments,
-        )
+        config.update(return_intermediate=self.return_intermediate)
         return config

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import keras
 
-from tfx_transformer import checks
-from tfx_transformer.layers.block import ResidualBlockLayer, block_arguments, layer_norm
+from tfx_transformer.layers.block import ResidualBlockLayer
 from tfx_transformer.layers.masks import key_padding_mask
 from tfx_transformer.layers.position import add_position
+from tfx_transformer.layers.stack import TransformerStack
 
 __all__ = ["TransformerEncoderLayer", "TransformerEncoder"]
 
@@ -61,7 +61,7 @@ class TransformerEncoderLayer(ResidualBlockLayer):
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
-class TransformerEncoder(keras.layers.Layer):
+class TransformerEncoder(TransformerStack):
     """A stack of ``num_layers`` ``TransformerEncoderLayer``\\ s and an optional final LayerNorm.
 
     Args:
@@ -83,67 +83,9 @@ class TransformerEncoder(keras.layers.Layer):
         ``(B, S, d)``.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_heads: int,
-        hidden_dim: int,
-        dropout: float = 0.1,
-        attention_dropout: float | None = None,
-        activation_dropout: float | None = None,
-        activation="relu",
-        norm_first: bool = False,
-        layer_norm_epsilon: float = 1e-5,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        final_norm: bool | None = None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_layers = checks.positive_int("num_layers", num_layers)
-        self.final_norm = final_norm
-        # Forwarded to every layer as they are, and saved in the config.
-        self._layer_arguments = block_arguments(
-            num_heads=num_heads,
-            hidden_dim=hidden_dim,
-            dropout=dropout,
-            attention_dropout=attention_dropout,
-            activation_dropout=activation_dropout,
-            activation=activation,
-            norm_first=norm_first,
-            layer_norm_epsilon=layer_norm_epsilon,
-            kernel_initializer=kernel_initializer,
-            bias_initializer=bias_initializer,
-        )
-        self.supports_masking = True
-
-    def build(self, x_shape):
-        self.layers = []
-        for i in range(self.num_layers):
-            layer = TransformerEncoderLayer(
-                **self._layer_arguments, dtype=self.dtype_policy, name=f"layer_{i}"
-            )
-            layer.build(x_shape)
-            self.layers.append(layer)
-        use_norm = self.final_norm
-        if use_norm is None:
-            use_norm = self._layer_arguments["norm_first"]
-        self.norm = None
-        if use_norm:
-            epsilon = self._layer_arguments["layer_norm_epsilon"]
-            self.norm = layer_norm(x_shape, epsilon, self.dtype_policy, "final_norm")
+    layer_class = TransformerEncoderLayer
 
     def call(self, x, padding_mask=None, pos=None, training=None):
         for layer in self.layers:
             x = layer(x, padding_mask=padding_mask, pos=pos, training=training)
-        return x if self.norm is None else self.norm(x)
-
-    def compute_output_shape(self, x_shape, *args, **kwargs):
-        return x_shape
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_layers=self.num_layers, final_norm=self.final_norm, **self._layer_arguments
-        )
-        return config
+        return self.normalize(x)

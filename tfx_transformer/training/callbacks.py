@@ -229,7 +229,7 @@ def standard_callbacks(
         max_steps: stop after this many optimizer steps in total (None: no limit).
         keep_backup: keep ``DIR/backup`` after a finished `fit` (Keras deletes it by default).
         tensorboard: include the `TensorBoard` callback; None (default): when the
-            ``tensorboard`` package is installed (TensorFlow 2.21 no longer depends on it).
+            ``tensorboard`` package is installed (TensorFlow 2.21 does not depend on it).
         clock: clock for `TimeBudget`.
         offset_seconds: training time earlier processes of this run spent (``run.json``'s
             ``fit_seconds``); the time budget counts it.

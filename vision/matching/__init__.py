@@ -1,4 +1,4 @@
-"""The set loss: `assignment` (exact solvers), `matcher` (``HungarianMatcher``) and `losses`
-(``SetCriterion``, the proposal losses)."""
+"""The set loss: `assignment` (``assign``, the scipy solver), `ops_solver` (the ``keras.ops``
+solver), `matcher` (``HungarianMatcher``) and `losses` (``SetCriterion``, the proposal losses)."""
 
 __all__: list[str] = []

@@ -174,7 +174,8 @@ class TwoStageQueries(QueryStrategy):
     def __init__(self, num_queries: int, hidden_dim: int, num_classes: int, **kwargs):
         super().__init__(num_queries, hidden_dim, num_classes, **kwargs)
         d = hidden_dim
-        # Created in this order so that the seeds are drawn as before this layer existed.
+        # The creation order is the order in which the initializers draw their seeds: a
+        # seeded model's initial weights depend on it.
         self.reference_mlp = MLP(2 * d, d, d, 2, dtype=self.dtype_policy, name="reference_mlp")
         self.proposal_class_head = keras.layers.Dense(
             num_classes + 1, dtype=self.dtype_policy, name="proposal_class_head",
