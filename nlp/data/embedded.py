@@ -20,7 +20,6 @@ import hashlib
 import random
 
 from nlp.data.phrases import TEMPLATES, Pair
-
 from tfx_transformer import checks
 
 __all__ = [

@@ -6,6 +6,7 @@ Nothing here imports TensorFlow (a test fails on any such import); training plum
 
 # ruff: noqa: F401  (the names are re-exported: `__all__` is `tfx_transformer.LAYER_NAMES`)
 
+from tfx_transformer import LAYER_NAMES
 from tfx_transformer.layers.attention import AttentionOutput, MultiHeadAttention
 from tfx_transformer.layers.decoder import TransformerDecoder, TransformerDecoderLayer
 from tfx_transformer.layers.dot_product import scaled_dot_product_attention
@@ -25,7 +26,5 @@ from tfx_transformer.layers.position import (
     add_position,
     sine_features,
 )
-
-from tfx_transformer import LAYER_NAMES
 
 __all__ = list(LAYER_NAMES)
