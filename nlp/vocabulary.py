@@ -171,6 +171,7 @@ def train_tokenizer(
             model = _train(sentences, **options)
         except RuntimeError as plain_error:
             raise _training_error(plain_error, vocab_size) from None
+    model = _record_request(model, vocab_size)
     model_path = os.fspath(model_path)
     directory = os.path.dirname(model_path)
     if directory:
@@ -183,6 +184,20 @@ def train_tokenizer(
 # The normalization rules (SentencePiece's TSV: source code points, tab, target code points):
 # drop the byte-order mark, leave every other character as it is.
 NORMALIZATION_RULES = "FEFF\t\n"
+
+
+def _record_request(model: bytes, vocab_size: int) -> bytes:
+    """``model`` with ``trainer_spec.vocab_size`` set to the size asked for.
+
+    With ``hard_vocab_limit=False`` SentencePiece shrinks the vocabulary of a small corpus and
+    records the size it got there; the pieces already say that, so the field keeps what was
+    asked, which a rerun of the same command compares with its ``--vocab-size``.
+    """
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    proto.trainer_spec.vocab_size = vocab_size
+    return proto.SerializeToString()
 
 
 def _train(sentences: list[str], **options) -> bytes:

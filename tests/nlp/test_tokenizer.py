@@ -78,8 +78,19 @@ def test_special_ids(tokenizer):
     assert pieces == ["<pad>", "<unk>", "<s>", "</s>"]
 
 
-def test_vocab_is_clamped_for_tiny_data(tokenizer):
+def test_vocab_is_clamped_for_tiny_data(tokenizer, model_path):
     assert 50 < tokenizer.vocab_size < 8000
+    # The file keeps the size asked for, so that the same command reuses it on a rerun.
+    from sentencepiece import sentencepiece_model_pb2
+
+    from nlp.train import build_tokenizer
+
+    proto = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.model_proto)
+    assert proto.trainer_spec.vocab_size == 8000 and len(proto.pieces) == tokenizer.vocab_size
+    again = build_tokenizer(str(model_path), [], 8000, log=lambda *a: None)
+    assert again.model_proto == tokenizer.model_proto
+    with pytest.raises(ValueError, match="trained with --vocab-size 8000, not 9000"):
+        build_tokenizer(str(model_path), [], 9000, log=lambda *a: None)
 
 
 def test_python_round_trip_without_unknowns(tokenizer):
