@@ -193,6 +193,7 @@ CASES += [  # (the issue's item in a comment)
     A("nmt-preset", NMT + " --preset huge", F("--preset"), "huge"),
     A("nmt-multi-worker", NMT + " --strategy multi_worker", "TF_CONFIG"),
     A("nmt-precision", NMT + " --mixed-precision fp8", F("--mixed-precision")),
+    A("nmt-not-a-flag", NMT + " --eval-limit 3", F("--eval-limit")),  # train_detr.py's
     C("nmt-vocab-10", TSV + " --vocab-size 10", F("--vocab-size"), r"\b10\b"),  # 7
     C("nmt-data-scheme", NMT + " --data foo:bar", "foo"),
     C("nmt-tsv-no-path", NMT + " --data tsv:", "tsv:"),
@@ -219,6 +220,7 @@ CASES += [  # (the issue's item in a comment)
     C("evalnmt-tsv-empty", EVAL_NMT + "translator --data tsv:{FX}/empty.tsv", "empty.tsv"),
     A("detr-preset", DETR + " --preset nope", F("--preset")),
     A("detr-multi-worker", DETR + " --strategy multi_worker", "TF_CONFIG"),
+    A("detr-not-a-flag", DETR + " --xla", F("--xla")),  # train_nmt.py's
     A("detr-backbone-missing", DETR + " --preset r50 --backbone-weights {FX}/no.h5", "no.h5"),
     C("detr-data-scheme", DETR + " --data foo:x", "foo"),
     C("detr-coco-no-ann", DETR + " --data coco:{FX}/img", "coco:"),
@@ -243,6 +245,7 @@ CASES += [  # (the issue's item in a comment)
     C("detect-classes-list", DETECT + "listclasses" + IMG, "classes.json"),
     C("detect-no-images", DETECT + "detector", "IMAGE"),
     C("evaldetr-translator", EVAL_DETR + "translator --data embedded", "translator"),
+    C("evaldetr-nothing", EVAL_DETR + "nothing --data embedded", "nothing"),
     C("evaldetr-scheme", EVAL_DETR + "detector --data foo:x", "foo"),
     C("evaldetr-coco-missing", EVAL_COCO + "missing.json", "missing.json"),
     C("evaldetr-bbox-str", EVAL_COCO + "bbox_str.json", "bbox_str.json", "annotation"),
@@ -326,11 +329,14 @@ def test_the_battery_covers_every_script():
         "train_nmt", "translate", "evaluate_nmt", "train_detr", "detect", "evaluate_detr",
         "quickstart")}
     assert len(CASES) >= 45 and len({case.id for case in CASES}) == len(CASES)
+    assert len(SHELL) == 4
 
 
-# Run again from the shell (started together: each pays TensorFlow's import).
+# Run again from the shell, the real entry points (started together: each pays TensorFlow's
+# import): an argparse error, a data error found after the tokenizer is trained, a DETR data
+# error, and a bad line of stdin.
 SHELL = [case for case in CASES if case.id in (
-    "train_nmt--epochs=0", "detr-coco-missing", "translate-stdin-utf8")]
+    "train_nmt--epochs=0", "nmt-all-filtered", "detr-coco-missing", "translate-stdin-utf8")]
 
 
 @pytest.fixture(scope="module")

@@ -85,28 +85,7 @@ def test_train_detr_flags(monkeypatch, tmp_path):
     assert calls[2][0][2] == detr_config.preset("r50", backbone_weights=str(weights))
 
 
-@pytest.mark.parametrize("script, trainer, argv", [
-    ("train_nmt.py", "train_nmt", ["--batch-tokens", "0"]),
-    ("train_nmt.py", "train_nmt", ["--beam", "-1"]),
-    ("train_nmt.py", "train_nmt", ["--vocab-size", "x"]),
-    ("train_nmt.py", "train_nmt", ["--eval-limit", "3"]),  # not a flag of this script
-    ("train_detr.py", "train_detr", ["--learning-rate", "0"]),
-    ("train_detr.py", "train_detr", ["--num-queries", "0"]),
-    ("train_detr.py", "train_detr", ["--eval-limit", "-3"]),
-    ("train_detr.py", "train_detr", ["--xla"]),  # not a flag of this script
-    ("train_detr.py", "train_detr", ["--backbone-weights", "/no/such/file.h5"]),
-    ("train_detr.py", "train_detr", ["--learning-rate", "nan"]),
-    ("train_detr.py", "train_detr", ["--learning-rate", "inf"]),
-    ("train_detr.py", "train_detr", ["--batch-size", "0"]),
-    ("train_nmt.py", "train_nmt", ["--time-budget", "nan"]),
-])
-def test_bad_flags_exit_2_before_training(script, trainer, argv, monkeypatch, capsys):
-    module, calls = _script(script, trainer, monkeypatch)
-    with pytest.raises(SystemExit) as exit_info:
-        module.main(["--workdir", "w", *argv])
-    assert exit_info.value.code == 2 and calls == []
-    err = capsys.readouterr().err
-    assert "error:" in err and argv[0] in err.splitlines()[-1]  # names the flag typed
+# Bad flags (exit 2 before training, the flag named): tests/scripts/test_cli_battery.py.
 
 
 @pytest.mark.parametrize("script, trainer", [("train_nmt.py", "train_nmt"),
