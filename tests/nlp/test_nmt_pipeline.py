@@ -107,6 +107,11 @@ def test_scripts_train_translate_evaluate(nmt_workdir):
         assert (work / name).exists(), name
     metrics = json.loads((work / "metrics.json").read_text())
     assert metrics["valid"]["n"] == 3 and 0 <= metrics["valid"]["bleu"] <= 100
+    # Every held-out pair (3 of 60), with its translation.
+    pairs = [tuple(line.split("\t")) for line in tsv.read_text(encoding="utf-8").splitlines()]
+    assert len(metrics["samples"]) == 3
+    assert all((s["source"], s["reference"]) in pairs and isinstance(s["translation"], str)
+               for s in metrics["samples"])
     # Validation BLEU/chrF every epoch; a progress line that counts the run's steps.
     assert all({"val_bleu", "val_chrf", "val_loss"} <= set(e) for e in metrics["history"])
     assert [e["epoch"] for e in metrics["history"]] == [1, 2]

@@ -391,9 +391,13 @@ def test_a_5000_by_10_image_trains_detects_and_scores(tmp_path, monkeypatch, cap
     _coco(tmp_path / "ann.json", images=_images(sizes))
     monkeypatch.chdir(tmp_path)
     data, work = f"coco:{img}:{tmp_path / 'ann.json'}", tmp_path / "work"
-    code = _run("train_detr.py", ["--data", data, "--workdir", work, "--max-steps", 3,
-                                  "--batch-size", 2, "--valid-fraction", 0.3])
+    # One step of one batch that holds every training image (3 or 4 of the 5).
+    code = _run("train_detr.py", ["--data", data, "--workdir", work, "--max-steps", 1,
+                                  "--batch-size", 4, "--valid-fraction", 0.3])
     assert code == 0, capsys.readouterr().err[-3000:]
+    metrics = json.loads((work / "metrics.json").read_text())
+    assert metrics["data"]["train_images"] <= 4 and metrics["train"]["stopped_by"] == \
+        "max_steps=1 reached"
     out = tmp_path / "out"
     assert _run("detect.py", ["--model", work / "export", "--out", out, "--threshold", 0,
                               img / "wide.png", img / "tall.png"]) == 0, capsys.readouterr().err
