@@ -24,11 +24,8 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from nlp.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nlp.vocabulary import train_tokenizer
 
-# `train_tokenizer` is named here too: training a model file and loading it are this module's
-# two steps (the example above, `nlp.train`).
-__all__ = ["Tokenizer", "train_tokenizer"]
+__all__ = ["Tokenizer"]
 
 
 class Tokenizer(tf.Module):

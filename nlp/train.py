@@ -26,7 +26,8 @@ from nlp.evaluate import evaluate
 from nlp.export import export_translator, make_translate_fn
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
-from nlp.tokenizer import Tokenizer, train_tokenizer
+from nlp.tokenizer import Tokenizer
+from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.training.checkpoints import choose_weights
 from tfx_transformer.training.run import RunOptions

@@ -3,8 +3,33 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# What a user's shell has: TensorFlow's start-up logging not suppressed (the scripts' quiet
+# start is under test), no testing hooks.
+SCRIPT_ENV = {key: value for key, value in os.environ.items()
+              if key not in ("TF_CPP_MIN_LOG_LEVEL", "TFX_TRANSFORMER_VERBOSE",
+                             "TFX_TRANSFORMER_FAULT", "TFX_TRANSFORMER_DEBUG", "TF_CONFIG")}
+
+
+def _run_script(script, *args, fault=None, stdin=None, cwd=None, timeout=600):
+    """``python scripts/SCRIPT args`` as a user runs it; ``fault`` sets TFX_TRANSFORMER_FAULT."""
+    env = {**SCRIPT_ENV, "TFX_TRANSFORMER_FAULT": fault} if fault else SCRIPT_ENV
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *map(str, args)],
+                          capture_output=True, text=True, env=env, input=stdin, cwd=cwd,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def run_script():
+    """`_run_script`: ``run_script("train_nmt.py", "--workdir", path, fault="export")``."""
+    return _run_script
 
 
 @pytest.fixture(autouse=True)
@@ -14,3 +39,102 @@ def _fresh_keras_state():
     keras.utils.set_random_seed(0)
     yield
     keras.config.set_dtype_policy("float32")
+
+
+# --- Shared exports, written once per session. Read them; copy (shutil.copytree) to change. ---
+
+NMT_DECODING = dict(beam_size=3, length_penalty=0.6, extra_length=6)
+
+
+@pytest.fixture(scope="session")
+def nmt_export(tmp_path_factory):
+    """(model, tokenizer, export path) of a tiny untrained translator (beam 3, extra 6).
+
+    The export directory held a stale file before: `export_translator` replaces it whole.
+    """
+    from nlp.data.embedded import generate_pairs
+    from nlp.decoding import DecodingSettings
+    from nlp.export import export_translator
+    from nlp.model import Seq2SeqTransformer
+    from nlp.tokenizer import Tokenizer
+    from nlp.vocabulary import train_tokenizer
+
+    tmp = tmp_path_factory.mktemp("nmt_export")
+    pairs = generate_pairs(200)
+    path = train_tokenizer([t for p in pairs for t in p], str(tmp / "tok.model"), vocab_size=200)
+    tokenizer = Tokenizer.from_file(path)
+    keras.utils.set_random_seed(1)
+    model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
+                               num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
+                               dropout=0.0, max_positions=128)
+    (tmp / "export").mkdir()
+    (tmp / "export" / "stale.txt").write_text("from an earlier run")
+    export_translator(model, tokenizer, tmp / "export", DecodingSettings(**NMT_DECODING))
+    return model, tokenizer, tmp / "export"
+
+
+@pytest.fixture(scope="session")
+def nmt_workdir(tmp_path_factory):
+    """A finished ``scripts/train_nmt.py`` run on 60 pairs, 2 epochs: (workdir, tsv, process).
+
+    Flags beyond the defaults: a vocabulary, batches and beam small enough for 60 pairs, the
+    export averaged over both epochs, 3 sentences scored every epoch.
+    """
+    from nlp.data.embedded import generate_pairs
+
+    tmp = tmp_path_factory.mktemp("nmt_workdir")
+    tsv = tmp / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(60)), encoding="utf-8")
+    work = tmp / "work"
+    done = _run_script("train_nmt.py", "--data", f"tsv:{tsv}", "--workdir", work,
+                      "--epochs", 2, "--vocab-size", 100, "--beam", 2, "--batch-tokens", 400,
+                      "--average-last", 2, "--valid-sentences", 3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return work, tsv, done
+
+
+DETR_NAMES = ("circle", "square", "triangle")
+DETR_SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6,
+                  tiny_filters=(8, 16, 16, 32), num_encoder_layers=1, num_decoder_layers=2)
+DETR_IMAGE_SIZE, DETR_MAX_SIZE = 48, 64
+
+
+@pytest.fixture(scope="session")
+def detr_export(tmp_path_factory):
+    """(model, export path, config) of a small untrained detector (circle, square, triangle;
+    no category ids), images resized to 48 (longest side at most 64)."""
+    from vision.config import preset
+    from vision.modeling.detr import build_model
+    from vision.training.export import export_detector
+
+    config = preset("tiny", **DETR_SMALL)
+    model = build_model(config, len(DETR_NAMES))
+    path = export_detector(model, tmp_path_factory.mktemp("detr_export") / "export",
+                           DETR_NAMES, DETR_IMAGE_SIZE, DETR_MAX_SIZE)
+    return model, path, config
+
+
+DETR_README = ("--data", "embedded", "--preset", "tiny")  # README: train_detr.py, --time-budget
+DETR_MAX_STEPS = 2
+
+
+@pytest.fixture(scope="session")
+def detr_workdir(tmp_path_factory):
+    """The README's ``train_detr.py`` command (``--max-steps 2`` for its time budget), SIGKILLed
+    when its export starts, then the same command again: (workdir, runs).
+
+    ``runs["killed"]`` and ``runs["done"]``: (the process, its run.json, the bytes of every
+    checkpoint file) after each.
+    """
+    import json
+
+    work = tmp_path_factory.mktemp("detr_workdir") / "work"
+    command = ("train_detr.py", *DETR_README, "--workdir", work, "--max-steps", DETR_MAX_STEPS)
+    runs = {}
+    for name, fault in (("killed", "export"), ("done", None)):
+        process = _run_script(*command, fault=fault)
+        state = json.loads((work / "run.json").read_text()) if (work / "run.json").exists() \
+            else None
+        checkpoints = {p.name: p.read_bytes() for p in sorted((work / "checkpoints").glob("*"))}
+        runs[name] = (process, state, checkpoints)
+    return work, runs

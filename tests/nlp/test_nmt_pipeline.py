@@ -7,7 +7,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -16,10 +15,10 @@ from nlp.config import preset
 from nlp.data.batching import make_batches
 from nlp.data.embedded import generate_pairs
 from nlp.decoding import DecodingSettings, search
-from nlp.export import SOURCE_LENGTH_MULTIPLE, export_translator, make_translate_fn
-from nlp.model import Seq2SeqTransformer
-from nlp.tokenizer import Tokenizer, train_tokenizer
+from nlp.export import SOURCE_LENGTH_MULTIPLE, make_translate_fn
+from nlp.tokenizer import Tokenizer
 from nlp.train import build_tokenizer, count_batches, train_nmt
+from nlp.vocabulary import train_tokenizer
 from tfx_transformer.training.run import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,18 +31,10 @@ def _run(*args, stdin=None, cwd=None):
 
 
 @pytest.fixture(scope="module")
-def tiny_translator(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("export")
-    pairs = generate_pairs(200)
-    path = train_tokenizer([t for p in pairs for t in p], str(tmp / "tok.model"), vocab_size=200)
-    tokenizer = Tokenizer.from_file(path)
-    keras.utils.set_random_seed(1)
-    model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
-                               num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
-                               dropout=0.0, max_positions=128)
-    export_translator(model, tokenizer, tmp / "export", DecodingSettings(beam_size=3,
-                                                                         extra_length=6))
-    return model, tokenizer, tmp / "export"
+def tiny_translator(nmt_export):
+    """(model, tokenizer, export path) of a tiny untrained translator, beam 3, extra length 6
+    (tests/conftest.py)."""
+    return nmt_export
 
 
 TEXTS = ["I have three apples.", "", "We moved to Berlin on March 3, 2021. " * 40]
@@ -106,24 +97,33 @@ def _assert_export_is_the_mean(export, checkpoints):
 
 
 @pytest.mark.slow
-def test_scripts_train_translate_evaluate(tmp_path):
-    tsv = tmp_path / "pairs.tsv"
-    tsv.write_text("".join(f"{s}\t{t}\n" for s, t in generate_pairs(60)), encoding="utf-8")
-    work = tmp_path / "work"
-    train = _run(str(ROOT / "scripts/train_nmt.py"), "--data", f"tsv:{tsv}", "--workdir",
-                 str(work), "--epochs", "2", "--vocab-size", "100", "--beam", "2",
-                 "--batch-tokens", "400", "--average-last", "2",
-                 "--valid-sentences", "3")
-    assert train.returncode == 0, train.stderr[-3000:]
+def test_scripts_train_translate_evaluate(nmt_workdir):
+    work, tsv, train = nmt_workdir  # train_nmt.py, 2 epochs on 60 pairs (tests/conftest.py)
+    assert train.stderr == ""  # the scripts' quiet start: no TensorFlow or Keras lines
+    # ours, the first lines: the precision `auto` chose, then the data
+    first, second = train.stdout.splitlines()[:2]
+    assert first.startswith("mixed precision: ") and second.startswith("data: ")
     for name in ("tokenizer.model", "metrics.json", "export/saved_model.pb", "checkpoints",
                  "logs"):
         assert (work / name).exists(), name
     metrics = json.loads((work / "metrics.json").read_text())
     assert metrics["valid"]["n"] == 3 and 0 <= metrics["valid"]["bleu"] <= 100
+    # Every held-out pair (3 of 60), with its translation.
+    pairs = [tuple(line.split("\t")) for line in tsv.read_text(encoding="utf-8").splitlines()]
+    assert len(metrics["samples"]) == 3
+    assert all((s["source"], s["reference"]) in pairs and isinstance(s["translation"], str)
+               for s in metrics["samples"])
     # Validation BLEU/chrF every epoch; a progress line that counts the run's steps.
     assert all({"val_bleu", "val_chrf", "val_loss"} <= set(e) for e in metrics["history"])
     assert [e["epoch"] for e in metrics["history"]] == [1, 2]
-    steps = json.loads((work / "run.json").read_text())["steps"]
+    state = json.loads((work / "run.json").read_text())
+    steps = state["steps"]
+    # The lineage of an uninterrupted run: 2 epochs of every batch, and the export has them.
+    assert state["phase"] == "finished"
+    assert steps == state["export_steps"] == 2 * metrics["data"]["train_batches"]
+    assert metrics["data"]["kept"] + metrics["data"]["dropped"] == metrics["data"]["train_pairs"]
+    assert metrics["config"]["decoding"]["beam_size"] == 2
+    assert 0 < metrics["config"]["vocab_size"] <= 100
     assert f"epoch 2/2 · step {steps}/{steps} · " in train.stdout
     assert "Epoch 1/" not in train.stdout + train.stderr
     assert "the mean of the weights of epochs 1-2" in train.stdout
@@ -144,27 +144,7 @@ def test_scripts_train_translate_evaluate(tmp_path):
     assert result["n"] == 60 and set(result) == {"bleu", "chrf", "exact_match", "n"}
 
 
-@pytest.mark.slow
-def test_scripts_report_bad_input_in_one_line(tmp_path):
-    bad = tmp_path / "bad.tsv"
-    bad.write_text("a\tb\nno tab here\n", encoding="utf-8")
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "keep.txt").write_text("mine")
-    cases = [
-        (["scripts/train_nmt.py", "--data", f"tsv:{bad}", "--workdir", str(work)], "bad.tsv:2"),
-        (["scripts/train_nmt.py", "--data", "ftp:x", "--workdir", str(work)], "ftp"),
-        (["scripts/translate.py", "--model", str(tmp_path / "missing"), "hi"], "missing"),
-        (["scripts/evaluate_nmt.py", "--model", str(tmp_path), "--data", "embedded"],
-         "export"),
-    ]
-    for args, needle in cases:
-        result = _run(str(ROOT / args[0]), *args[1:])
-        assert result.returncode == 2, (args, result.stderr[-2000:])
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-        assert len(errors) == 1 and needle in errors[0], result.stderr[-2000:]
-        assert "Traceback" not in result.stderr
-    assert (work / "keep.txt").read_text() == "mine"
+# Bad input to the scripts (one error line, exit 2): tests/scripts/test_cli_battery.py.
 
 
 def test_translations_of_empty_and_very_long_sentences(tiny_translator):

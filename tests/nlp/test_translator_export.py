@@ -17,27 +17,15 @@ from nlp.decoding import DecodingSettings, search
 from nlp.evaluate import nbest_all, translate_all
 from nlp.model import Seq2SeqTransformer
 from nlp.special_ids import EOS_ID
-from nlp.tokenizer import Tokenizer, train_tokenizer
 
 DECODING = DecodingSettings(beam_size=3, length_penalty=0.6, extra_length=6)
 TEXTS = ["I have three apples.", "", "She is twenty-one years old."]
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """(model, tokenizer, export path) of a tiny untrained translator."""
-    tmp = tmp_path_factory.mktemp("translator")
-    pairs = generate_pairs(200)
-    path = train_tokenizer([t for p in pairs for t in p], str(tmp / "tok.model"), vocab_size=200)
-    tokenizer = Tokenizer.from_file(path)
-    keras.utils.set_random_seed(1)
-    model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
-                               num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
-                               dropout=0.0, max_positions=128)
-    (tmp / "export").mkdir()
-    (tmp / "export" / "stale.txt").write_text("from an earlier run")
-    export.export_translator(model, tokenizer, tmp / "export", DECODING, jit_compile=False)
-    return model, tokenizer, tmp / "export"
+def exported(nmt_export):
+    """(model, tokenizer, export path) of a tiny untrained translator (tests/conftest.py)."""
+    return nmt_export
 
 
 @pytest.fixture(scope="module")
@@ -261,12 +249,12 @@ def test_a_sentence_translates_the_same_alone_and_in_a_batch(exported):
     assert 0 < len(alone) < len(batch[1])  # the long one's translation is longer
 
 
-def test_make_translate_fn_takes_decoding_settings(exported):
+def test_make_translate_fn_takes_decoding_settings(exported, tmp_path):
     model, tokenizer, path = exported
     with pytest.raises(TypeError, match="`decoding` must be a DecodingSettings"):
         export.make_translate_fn(model, tokenizer, 3)
     with pytest.raises(TypeError, match="`decoding` must be a DecodingSettings"):
-        export.export_translator(model, tokenizer, path, 3)
+        export.export_translator(model, tokenizer, tmp_path / "export", 3)
     with pytest.raises(ValueError, match="max_positions"):
         export.make_translate_fn(model, tokenizer, DecodingSettings(extra_length=120))
 

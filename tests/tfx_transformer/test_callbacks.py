@@ -180,6 +180,7 @@ def test_a_nan_loss_raises_before_its_epoch_is_saved(tmp_path, monkeypatch):
                   callbacks=standard_callbacks(tmp_path, keep_backup=True, tensorboard=False))
     assert (info.value.step, info.value.epoch) == (4, 2)
     assert "epoch-001.weights.h5" in str(info.value)  # names the last good state
+    assert "nothing exported" in str(info.value)
     assert _snapshot(tmp_path) == before  # no NaN checkpoint, backup and history untouched
 
 

@@ -22,8 +22,9 @@ import tensorflow as tf
 import tfx_transformer.training.distribute as distribute
 from nlp.data.batching import make_batches
 from nlp.data.embedded import generate_pairs
-from nlp.tokenizer import Tokenizer, train_tokenizer
+from nlp.tokenizer import Tokenizer
 from nlp.train import build_tokenizer, count_batches
+from nlp.vocabulary import train_tokenizer
 from tfx_transformer.training.distribute import (
     broadcast_from_chief,
     clip_by_global_norm_of_sum,

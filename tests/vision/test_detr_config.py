@@ -93,9 +93,16 @@ def test_each_bad_field_is_named_with_its_value(overrides, match):
         DetrConfig(**{**dataclasses.asdict(PRESETS["tiny"]), **overrides})
 
 
-def test_every_query_type_is_a_valid_config_value():
+def test_every_query_type_is_accepted_exactly_with_the_aids_its_references_allow():
     for name, layer in QUERY_LAYERS.items():
         refine = layer.reference_size == 4
         radius = 0.3 if layer.reference_size else None
-        config = preset("tiny", query_type=name, box_refinement=refine, attention_radius=radius)
-        assert config.query_type == name
+        preset("tiny", query_type=name, box_refinement=refine, attention_radius=radius)
+        if not refine:  # box refinement needs reference boxes
+            with pytest.raises(ValueError, match="box_refinement=True"):
+                preset("tiny", query_type=name, box_refinement=True, attention_radius=radius)
+        if radius is None:  # an attention radius needs reference points
+            with pytest.raises(ValueError, match="attention_radius=0.3"):
+                preset("tiny", query_type=name, box_refinement=False, attention_radius=0.3)
+    # Each kind of query layer is there to be checked: learned, points, boxes.
+    assert sorted(layer.reference_size for layer in QUERY_LAYERS.values()) == [0, 2, 4]

@@ -13,24 +13,19 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from vision.config import preset
 from vision.data.batching import ObjectLimit, make_batches
-from vision.modeling.detr import build_model
 from vision.modeling.postprocess import postprocess
 from vision.serving import load_detector
 from vision.training.export import export_detector, make_detect_fn
 
-SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6, tiny_filters=(8, 16, 16, 32),
-             num_encoder_layers=1, num_decoder_layers=2)
-IMAGE_SIZE, MAX_SIZE = 48, 64
+IMAGE_SIZE, MAX_SIZE = 48, 64  # those of the shared `detr_export` (tests/conftest.py)
 NAMES = ("circle", "square", "triangle")
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("detector")
-    model = build_model(preset("tiny", **SMALL), len(NAMES))
-    path = export_detector(model, tmp / "export", NAMES, IMAGE_SIZE, MAX_SIZE)
+def exported(detr_export):
+    model, path, config = detr_export
+    assert config.num_queries == 6
     return model, path
 
 

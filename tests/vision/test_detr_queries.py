@@ -161,10 +161,12 @@ def test_query_layers_round_trip_their_config(name):
     layer = QUERY_LAYERS[name](Q, D, NUM_CLASSES, name="queries")
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(layer))
     assert type(restored) is type(layer) and restored.get_config() == layer.get_config()
-    assert query_layer_class(name) is QUERY_LAYERS[name]
 
 
 def test_query_type_and_radius_are_checked():
+    for bad in ("anchors", "Learned", None):  # the error names the accepted ones
+        with pytest.raises(ValueError, match=r"one of \('learned', 'reference', 'encoder'\)"):
+            query_layer_class(bad)
     backbone = build_backbone("tiny", filters=(8,))
     with pytest.raises(ValueError, match="query_type=.anchors"):
         DETR(NUM_CLASSES, backbone, hidden_dim=32, num_heads=4, query_type="anchors")
