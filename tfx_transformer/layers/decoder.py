@@ -217,21 +217,11 @@ class TransformerDecoder(TransformerStack):
             [layer.empty_cache(batch_size, max_length, dtype) for layer in self.layers], axis=1
         )
 
-    def call(
-        self,
-        x,
-        memory,
-        self_attention_mask=None,
-        memory_mask=None,
-        query_pos=None,
-        memory_pos=None,
-        use_causal_mask: bool = False,
-        cache=None,
-        cache_index=None,
-        cross_attention_cache=None,
-        return_cross_attention: bool = False,
-        training=None,
-    ) -> AttentionOutput:
+    # The layer's call arguments, passed on to every layer (the caches sliced per layer).
+    def call(self, x, memory, self_attention_mask=None, memory_mask=None, query_pos=None,
+             memory_pos=None, use_causal_mask: bool = False, cache=None, cache_index=None,
+             cross_attention_cache=None, return_cross_attention: bool = False,
+             training=None) -> AttentionOutput:
         intermediate, caches, weights = [], [], []
         for i, layer in enumerate(self.layers):
             out = layer(
