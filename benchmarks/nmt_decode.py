@@ -82,6 +82,7 @@ def in_process_model(export: Path):
     names = ("vocab_size", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
              "ffn_dim", "dropout", "activation_dropout", "max_positions", "norm_first",
              "tie_embeddings")  # (dropout: its seed variables; decoding applies none)
+    config = {**config, "vocab_size": config.get("tokenizer_vocab_size", config["vocab_size"])}
     model = Seq2SeqTransformer(**{name: config[name] for name in names})
     saved = tf.saved_model.load(str(export)).variables
     if len(saved) != len(model.variables) or any(

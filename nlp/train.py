@@ -284,8 +284,9 @@ class TranslationTask:
             "data": {"spec": self.data, "train_pairs": len(self.train_pairs),
                      "valid_pairs": len(pairs), "kept": self.kept, "dropped": self.dropped,
                      "train_batches": self.train_batches},
+            # ``vocab_size`` as asked; the tokenizer's pieces (fewer on a small corpus) beside it.
             "config": {"preset": config.name, **dataclasses.asdict(config),
-                       "vocab_size": self.tokenizer.vocab_size},
+                       "tokenizer_vocab_size": self.tokenizer.vocab_size},
         }
 
 

@@ -18,6 +18,9 @@ from tfx_transformer.training.cli import run_cli
 from vision.config import PRESETS
 from vision.data.shapes import ShapesGenerator
 
+# With `-n 2`, the tests of the shared README DETR run (`detr_workdir`) share a worker.
+pytestmark = pytest.mark.xdist_group("detr_workdir")
+
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {"train_detr.py": "vision.commands.train", "detect.py": "vision.commands.detect",
             "evaluate_detr.py": "vision.commands.evaluate"}  # what scripts/NAME runs

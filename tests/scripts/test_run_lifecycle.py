@@ -13,6 +13,9 @@ import signal
 
 import pytest
 
+# With `-n 2`, the tests of the shared README DETR run (`detr_workdir`) share a worker.
+pytestmark = pytest.mark.xdist_group("detr_workdir")
+
 NMT_README = ("--data", "embedded", "--preset", "tiny")  # README: train_nmt.py, --time-budget
 NMT_MAX_STEPS = 3
 DETR_MAX_STEPS = 2  # DETR_MAX_STEPS of tests/conftest.py, which runs the DETR command

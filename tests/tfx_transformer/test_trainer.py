@@ -258,7 +258,7 @@ def test_restart_moves_the_earlier_run_aside_and_keeps_its_export(tmp_path):
     assert (tmp_path / "previous-1" / "tokenizer.model").read_text() == "old"
     assert (tmp_path / "export" / "steps").read_text() == "6"
     assert read_state(tmp_path)["phase"] == "trained"  # the new run's own run.json
-    assert sorted(os.listdir(tmp_path)) == ["backup", "checkpoints", "export", "logs",
+    assert sorted(os.listdir(tmp_path)) == [".lock", "backup", "checkpoints", "export", "logs",
                                             "metrics.json", "previous-1", "run.json"]
     assert "valid" not in read_metrics(tmp_path)  # the new run's history only
 
@@ -280,7 +280,9 @@ def test_empty_training_data_fails_before_fit(tmp_path):
     with pytest.raises(ValueError, match="no training batches"):
         Trainer(tmp_path, RunOptions(max_steps=3)).fit(ToyTask(events, steps_per_epoch=0))
     assert events == ["load_data"]
-    assert not any((tmp_path / "checkpoints").iterdir()) and not (tmp_path / "run.json").exists()
+    assert not any((tmp_path / "checkpoints").iterdir())
+    assert read_state(tmp_path) == {"phase": "training", "data": "embedded",
+                                    "split": {"valid_fraction": 0.05, "seed": 0}}
 
 
 @pytest.mark.parametrize("name, text, message", [
@@ -319,3 +321,44 @@ def test_a_workdir_is_continued_only_on_its_own_data(tmp_path, monkeypatch):
     assert "finished earlier" in events[0] and _snapshot(work) == before
     assert _steps(_run(work, events, data="tsv:two.tsv", restart=True)) == {"steps": 6}
     assert read_state(work)["data"] == "tsv:two.tsv"
+
+
+def test_a_second_process_on_a_work_directory_fails_at_once(tmp_path):
+    import fcntl
+
+    _run(tmp_path, [], epochs=1)
+    before = _snapshot(tmp_path)
+    with open(tmp_path / ".lock", "a+") as held:  # another run holds the directory
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.seek(0)
+        held.truncate()
+        held.write("4242")
+        held.flush()
+        events = []
+        with pytest.raises(ValueError, match=f"{tmp_path} is in use by process 4242"):
+            _run(tmp_path, events, epochs=2)
+        assert events == []  # nothing loaded, nothing trained
+        fcntl.flock(held, fcntl.LOCK_UN)
+    after = _snapshot(tmp_path)
+    assert after.pop(".lock") == b"4242" and before.pop(".lock") == str(os.getpid()).encode()
+    assert after == before
+    assert _steps(_run(tmp_path, [], epochs=2)) == {"steps": 6}  # the lock went with it
+
+
+def test_the_data_and_its_split_are_recorded_before_the_task_loads_them(tmp_path):
+    class Fails(ToyTask):
+        def load_data(self, trainer):
+            raise KeyboardInterrupt  # e.g. Ctrl-C while a tokenizer is written
+
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tmp_path, RunOptions(seed=5, valid_fraction=0.1)).fit(Fails([], data="tsv:a"))
+    state = read_state(tmp_path)
+    assert (state["data"], state["split"]) == ("tsv:a", {"valid_fraction": 0.1, "seed": 5})
+    with pytest.raises(ValueError, match="--data tsv:b: .* holds a run on --data tsv:a"):
+        _run(tmp_path, [], data="tsv:b", seed=5, valid_fraction=0.1)
+    for options, flag in (({"seed": 6, "valid_fraction": 0.1}, "--seed 6"),
+                          ({"seed": 5, "valid_fraction": 0.2}, "--valid-fraction 0.2")):
+        with pytest.raises(ValueError, match=f"{flag}: .* holds a run with") as info:
+            _run(tmp_path, [], data="tsv:a", **options)
+        assert "held-out examples" in str(info.value) and "--restart" in str(info.value)
+    assert _steps(_run(tmp_path, [], data="tsv:a", seed=5, valid_fraction=0.1)) == {"steps": 6}

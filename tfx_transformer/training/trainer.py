@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -51,6 +50,8 @@ from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
 from tfx_transformer.training.workdir import (
     Workdir,
     check_workdir,
+    lock_workdir,
+    move_aside,
     read_metrics,
     read_state,
     write_metrics,
@@ -185,9 +186,13 @@ class Trainer:
                 task found bad data, there are no training batches, or the loss became NaN
                 (`tfx_transformer.training.callbacks.NonFiniteLossError`).
         """
-        if self.run.restart:
-            self._move_aside(["checkpoints", "backup", "logs", "metrics.json", "run.json",
-                              *task.state_files])
+        with lock_workdir(self.workdir):
+            return self._fit_task(task, callbacks)
+
+    def _fit_task(self, task: Task, callbacks: Iterable[keras.callbacks.Callback]) -> dict:
+        if self.run.restart and is_chief():
+            move_aside(self.workdir, ["checkpoints", "backup", "logs", "metrics.json",
+                                      "run.json", *task.state_files], self.log)
         check_workdir(self.workdir)
         spec = self._check_data(task.data)
         request, state = self._request(task.default_epochs), self._read_state()
@@ -248,34 +253,29 @@ class Trainer:
         return self._record(phase="trained", epochs=epochs_done, steps=_iterations(model),
                             train_seconds=round(time.monotonic() - self.started, 1))
 
-    def _move_aside(self, names: list[str]) -> None:
-        root = self.workdir.root
-        found = [name for name in names if (root / name).exists()
-                 and not (name in ("checkpoints", "logs") and not any((root / name).iterdir()))]
-        if not found or not is_chief():
-            return
-        number = 1
-        while (root / f"previous-{number}").exists():
-            number += 1
-        target = root / f"previous-{number}"
-        target.mkdir()
-        for name in found:
-            shutil.move(str(root / name), str(target / name))
-        self.workdir = Workdir(root)  # recreates checkpoints/ and logs/
-        kept = " (export/ stays until the new export replaces it)" if (
-            self.workdir.export.exists()) else ""
-        self.log(f"restart: moved the earlier run's {', '.join(found)} to {target}{kept}")
-
     def _check_data(self, data: str) -> str:
-        """A work directory continues one data set: another ``--data`` is an error (it
-        would silently keep the earlier run's tokenizer, weights and export). Returns the
-        spec as recorded (paths made absolute)."""
+        """A work directory continues one data set, split alike: another ``--data``,
+        ``--valid-fraction`` or ``--seed`` is an error (it would silently keep the earlier
+        run's tokenizer and weights, or train on its held-out examples). A new run records
+        them before anything derived from the data is written. Returns the spec as recorded
+        (paths made absolute)."""
         spec = normalized(data)
-        recorded = read_state(self.workdir).get("data")
-        if recorded is not None and recorded != spec:
+        split = {"valid_fraction": self.run.valid_fraction, "seed": self.run.seed}
+        state = read_state(self.workdir)
+        recorded, recorded_split = state.get("data"), state.get("split", split)
+        if recorded is None:
+            self._record(phase=state.get("phase", "training"), data=spec, split=split)
+        elif recorded != spec:
             raise ValueError(
                 f"--data {data}: {self.workdir.root} holds a run on --data {recorded}; go on "
                 "with that --data, or use --restart (or a new --workdir) to train on new data")
+        for name, value in recorded_split.items():
+            if split[name] != value:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(
+                    f"{flag} {split[name]}: {self.workdir.root} holds a run with {flag} "
+                    f"{value} (another split would train on its held-out examples); go on "
+                    f"with {flag} {value}, or use --restart (or a new --workdir)")
         return spec
 
     def _request(self, default_epochs: int) -> dict:

@@ -9,6 +9,7 @@ Work directory ``DIR``::
     DIR/run.json                           the run's state: phase, epochs, steps (`read_state`)
     DIR/backup/                            BackupAndRestore state: the latest epoch's weights and
                                            optimizer (kept, so a larger --epochs continues)
+    DIR/.lock                              held by the process running in DIR (`lock_workdir`)
 
 `check_workdir` reads what a rerun will read (``metrics.json``, ``run.json``, the backup) and
 raises one clear `ValueError` naming the file, before any data is loaded.
@@ -16,18 +17,21 @@ raises one clear `ValueError` naming the file, before any data is loaded.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
+import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["PHASES", "Workdir", "check_workdir", "read_metrics", "read_state", "to_json",
-           "write_metrics", "write_state"]
+__all__ = ["PHASES", "Workdir", "check_workdir", "lock_workdir", "move_aside", "read_metrics",
+           "read_state", "to_json", "write_metrics", "write_state"]
 
 # The phases of a run, in order (`run.json` "phase"): fit running or to resume, fit done,
 # export written, evaluated and recorded.
@@ -163,6 +167,57 @@ def write_state(workdir: Workdir | str | os.PathLike, **fields: Any) -> dict:
     state = {**_read_object(path), **to_json(fields)}
     _write_object(path, state)
     return state
+
+
+def move_aside(workdir: Workdir, names: list[str], log: Callable[..., None] = print) -> None:
+    """Moves the ``names`` of ``DIR`` that exist (empty ``checkpoints/``, ``logs/`` aside) to a
+    new ``DIR/previous-N/`` and says so; nothing is deleted, ``export/`` stays."""
+    root = workdir.root
+    found = [name for name in names if (root / name).exists()
+             and not (name in ("checkpoints", "logs") and not any((root / name).iterdir()))]
+    if not found:
+        return
+    number = 1
+    while (root / f"previous-{number}").exists():
+        number += 1
+    target = root / f"previous-{number}"
+    target.mkdir()
+    for name in found:
+        shutil.move(str(root / name), str(target / name))
+    Workdir(root)  # recreates checkpoints/ and logs/
+    kept = " (export/ stays until the new export replaces it)" if (
+        workdir.export.exists()) else ""
+    log(f"restart: moved the earlier run's {', '.join(found)} to {target}{kept}")
+
+
+@contextlib.contextmanager
+def lock_workdir(workdir: Workdir | str | os.PathLike) -> Iterator[None]:
+    """Holds an exclusive lock on ``DIR/.lock`` (``fcntl.flock``) while the block runs.
+
+    Two runs in one work directory would interleave ``run.json`` and ``metrics.json`` and
+    overwrite each other's checkpoints; the second one fails at once instead. The lock goes
+    with the process (a killed run leaves none behind); the file keeps the holder's PID.
+
+    Raises:
+        ValueError: another process holds the lock; names the directory and that process.
+    """
+    path = _root(workdir) / ".lock"
+    with open(path, "a+") as file:
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "unknown"
+            raise ValueError(f"{_root(workdir)} is in use by process {holder}: wait for it to "
+                             "end, or use another --workdir") from None
+        file.seek(0)
+        file.truncate()
+        file.write(str(os.getpid()))
+        file.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(file, fcntl.LOCK_UN)
 
 
 def check_workdir(workdir: Workdir) -> None:
