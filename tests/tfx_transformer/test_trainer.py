@@ -258,7 +258,7 @@ def test_restart_moves_the_earlier_run_aside_and_keeps_its_export(tmp_path):
     assert (tmp_path / "previous-1" / "tokenizer.model").read_text() == "old"
     assert (tmp_path / "export" / "steps").read_text() == "6"
     assert read_state(tmp_path)["phase"] == "trained"  # the new run's own run.json
-    assert sorted(os.listdir(tmp_path)) == [".lock", "backup", "checkpoints", "export", "logs",
+    assert sorted(os.listdir(tmp_path)) == ["backup", "checkpoints", "export", "logs",
                                             "metrics.json", "previous-1", "run.json"]
     assert "valid" not in read_metrics(tmp_path)  # the new run's history only
 
@@ -328,27 +328,37 @@ def test_a_second_process_on_a_work_directory_fails_at_once(tmp_path):
 
     _run(tmp_path, [], epochs=1)
     before = _snapshot(tmp_path)
-    with open(tmp_path / ".lock", "a+") as held:  # another run holds the directory
+    assert ".lock" not in before  # written only while a run holds the directory
+    held = os.open(tmp_path, os.O_RDONLY)  # another run holds it
+    try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        held.seek(0)
-        held.truncate()
-        held.write("4242")
-        held.flush()
+        (tmp_path / ".lock").write_text("4242")
         events = []
         with pytest.raises(ValueError, match=f"{tmp_path} is in use by process 4242"):
             _run(tmp_path, events, epochs=2)
         assert events == []  # nothing loaded, nothing trained
-        fcntl.flock(held, fcntl.LOCK_UN)
-    after = _snapshot(tmp_path)
-    assert after.pop(".lock") == b"4242" and before.pop(".lock") == str(os.getpid()).encode()
-    assert after == before
+        assert (tmp_path / ".lock").read_text() == "4242"  # the holder's, left to it
+        (tmp_path / ".lock").unlink()
+    finally:
+        os.close(held)
+    assert _snapshot(tmp_path) == before
     assert _steps(_run(tmp_path, [], epochs=2)) == {"steps": 6}  # the lock went with it
+
+
+class Broken(ToyTask):
+    def load_data(self, trainer):
+        raise ValueError("--data tsv:c: line 3: bad line")
 
 
 def test_the_data_and_its_split_are_recorded_before_the_task_loads_them(tmp_path):
     class Fails(ToyTask):
-        def load_data(self, trainer):
-            raise KeyboardInterrupt  # e.g. Ctrl-C while a tokenizer is written
+        def load_data(self, trainer):  # Ctrl-C once the tokenizer is written
+            (trainer.workdir.root / "tokenizer.model").write_text("trained on tsv:a")
+            raise KeyboardInterrupt
+
+    with pytest.raises(ValueError, match="bad line"):  # bad data, nothing written: no record
+        Trainer(tmp_path, RunOptions()).fit(Broken([], data="tsv:c"))
+    assert not (tmp_path / "run.json").exists()
 
     with pytest.raises(KeyboardInterrupt):
         Trainer(tmp_path, RunOptions(seed=5, valid_fraction=0.1)).fit(Fails([], data="tsv:a"))

@@ -194,6 +194,7 @@ class Trainer:
             move_aside(self.workdir, ["checkpoints", "backup", "logs", "metrics.json",
                                       "run.json", *task.state_files], self.log)
         check_workdir(self.workdir)
+        new_run = not (self.workdir.root / "run.json").exists()
         spec = self._check_data(task.data)
         request, state = self._request(task.default_epochs), self._read_state()
         if state.get("phase") == "finished" and not self._needs_training(state, request):
@@ -202,7 +203,13 @@ class Trainer:
                      "metrics.json are left as they are. A larger --epochs or --max-steps "
                      "continues it, --restart trains it again")
             return read_metrics(self.workdir).get("valid", {})
-        data = task.load_data(self)
+        try:
+            data = task.load_data(self)
+        except BaseException:  # bad data: a new run leaves nothing, unless it wrote files
+            if new_run and not any((self.workdir.root / name).exists()
+                                     for name in task.state_files):
+                (self.workdir.root / "run.json").unlink(missing_ok=True)
+            raise
         if data.steps_per_epoch == 0:
             raise ValueError("no training batches: the training data is empty")
         with self.strategy.scope():

@@ -9,7 +9,7 @@ Work directory ``DIR``::
     DIR/run.json                           the run's state: phase, epochs, steps (`read_state`)
     DIR/backup/                            BackupAndRestore state: the latest epoch's weights and
                                            optimizer (kept, so a larger --epochs continues)
-    DIR/.lock                              held by the process running in DIR (`lock_workdir`)
+    DIR/.lock                              the PID of the process running in DIR (`lock_workdir`)
 
 `check_workdir` reads what a rerun will read (``metrics.json``, ``run.json``, the backup) and
 raises one clear `ValueError` naming the file, before any data is loaded.
@@ -192,32 +192,33 @@ def move_aside(workdir: Workdir, names: list[str], log: Callable[..., None] = pr
 
 @contextlib.contextmanager
 def lock_workdir(workdir: Workdir | str | os.PathLike) -> Iterator[None]:
-    """Holds an exclusive lock on ``DIR/.lock`` (``fcntl.flock``) while the block runs.
+    """Holds an exclusive lock on the directory (``fcntl.flock``) while the block runs.
 
     Two runs in one work directory would interleave ``run.json`` and ``metrics.json`` and
     overwrite each other's checkpoints; the second one fails at once instead. The lock goes
-    with the process (a killed run leaves none behind); the file keeps the holder's PID.
+    with the process (a killed run leaves none behind); while it is held, ``DIR/.lock`` names
+    the holder's PID.
 
     Raises:
         ValueError: another process holds the lock; names the directory and that process.
     """
-    path = _root(workdir) / ".lock"
-    with open(path, "a+") as file:
+    root = _root(workdir)
+    pid_file = root / ".lock"
+    fd = os.open(root, os.O_RDONLY)
+    try:
         try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            file.seek(0)
-            holder = file.read().strip() or "unknown"
-            raise ValueError(f"{_root(workdir)} is in use by process {holder}: wait for it to "
-                             "end, or use another --workdir") from None
-        file.seek(0)
-        file.truncate()
-        file.write(str(os.getpid()))
-        file.flush()
+            holder = pid_file.read_text().strip() if pid_file.exists() else "unknown"
+            raise ValueError(f"{root} is in use by process {holder}: wait for it to end, or "
+                             "use another --workdir") from None
+        pid_file.write_text(str(os.getpid()))
         try:
             yield
         finally:
-            fcntl.flock(file, fcntl.LOCK_UN)
+            pid_file.unlink(missing_ok=True)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def check_workdir(workdir: Workdir) -> None:
