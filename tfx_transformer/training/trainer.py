@@ -203,11 +203,11 @@ class Trainer:
                      "metrics.json are left as they are. A larger --epochs or --max-steps "
                      "continues it, --restart trains it again")
             return read_metrics(self.workdir).get("valid", {})
+        files = self._state_files(task)
         try:
             data = task.load_data(self)
         except BaseException:  # bad data: a new run leaves nothing, unless it wrote files
-            if new_run and not any((self.workdir.root / name).exists()
-                                     for name in task.state_files):
+            if new_run and self._state_files(task) == files:
                 (self.workdir.root / "run.json").unlink(missing_ok=True)
             raise
         if data.steps_per_epoch == 0:
@@ -284,6 +284,10 @@ class Trainer:
                     f"{value} (another split would train on its held-out examples); go on "
                     f"with {flag} {value}, or use --restart (or a new --workdir)")
         return spec
+
+    def _state_files(self, task: Task) -> list:
+        paths = [self.workdir.root / name for name in task.state_files]
+        return [(p.stat().st_mtime_ns, p.stat().st_size) if p.exists() else None for p in paths]
 
     def _request(self, default_epochs: int) -> dict:
         run = self.run
