@@ -4,7 +4,7 @@ TensorFlow itself imports Keras when it can (``import tensorflow`` loads
 ``keras.src.optimizers``), so the fresh process below makes ``import keras`` fail: TensorFlow
 goes on without it, and a serving module that imports Keras, itself or through
 `tfx_transformer` or a model module, fails to import. The detector is then loaded and run in
-that process. Loading a translator needs tensorflow-text, which subclasses ``tf.keras`` layers
+that process. Loading a translator needs tensorflow-text, which subclasses Keras 2 layers
 and so needs Keras: it is loaded last, with Keras importable again, and no module of this
 project may be imported by it either.
 """
@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent("""
     out = detector(np.zeros((2, 5, 7, 3), np.uint8))
     report["after_detector"] = loaded()
     report["boxes"] = out["boxes"].tolist()
-    del sys.modules["keras"]  # tensorflow-text needs Keras (its layers subclass tf.keras ones)
+    del sys.modules["keras"]  # tensorflow-text needs Keras (its layers subclass Keras 2 ones)
     import tensorflow as tf
     translator = nlp.serving.load_translator({translator!r})
     report["translation"] = [t.decode() for t in translator(tf.constant(["ab", "c"])).numpy()]
