@@ -1,7 +1,7 @@
 """Loading an export imports no writer and no Keras model code (`nlp.serving`, `vision.serving`).
 
 TensorFlow itself imports Keras when it can (``import tensorflow`` loads
-``keras.src.optimizers``), so the fresh process below makes ``import keras`` fail: TensorFlow
+Keras's optimizers), so the fresh process below makes ``import keras`` fail: TensorFlow
 goes on without it, and a serving module that imports Keras, itself or through
 `tfx_transformer` or a model module, fails to import. The detector is then loaded and run in
 that process. Loading a translator needs tensorflow-text, which subclasses Keras 2 layers
