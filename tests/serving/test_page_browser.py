@@ -32,10 +32,14 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 INSTALL = "apt-get install chromium chromium-driver"
 
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER),
-    reason=f"no {'chromium' if not CHROMIUM else 'chromedriver'} on PATH: the page's browser "
-           f"test needs Chromium and its driver from the system's packages ({INSTALL})")
+pytestmark = [
+    pytest.mark.skipif(
+        not (CHROMIUM and CHROMEDRIVER),
+        reason=f"no {'chromium' if not CHROMIUM else 'chromedriver'} on PATH: the page's browser "
+               f"test needs Chromium and its driver from the system's packages ({INSTALL})"),
+    pytest.mark.xdist_group("page_server"),  # one worker starts the server, once
+    pytest.mark.slow,  # the server takes a minute or more to load both exports
+]
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="selenium is missing (pip install -e '.[test]')")
 from selenium.common.exceptions import TimeoutException  # noqa: E402
