@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-request-mb", type=positive(float), default=32.0,
                         help="the largest request body taken (larger: HTTP 413)")
     parser.add_argument("--max-string-bytes", type=positive(int), default=20_000,
-                        help="the longest text or binary value of one instance (larger: 400)")
+                        help="the longest text of one instance, in UTF-8 bytes (larger: 400; "
+                             "b64 values are limited by --max-request-mb only)")
     parser.add_argument("--verbose", action="store_true", help="keep Ray's and TensorFlow's logs")
     return parser
 
