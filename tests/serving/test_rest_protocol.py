@@ -139,6 +139,13 @@ BAD_REQUESTS = [
 ]
 
 
+def test_the_text_limit_leaves_binary_values_alone(served):
+    data = _png(300, 400) + bytes(5000)  # over 1000 bytes
+    body = {"signature_name": "decode", "instances": [{"b64": base64.b64encode(data).decode()}]}
+    parsed = parse_predict(json.dumps(body).encode(), served.specs, max_string_bytes=1000)
+    assert parsed.inputs["png"].tolist() == [data]
+
+
 @pytest.mark.parametrize("request_body, message", BAD_REQUESTS,
                          ids=[message.split(":")[0][:32] for _, message in BAD_REQUESTS])
 def test_bad_requests_are_refused_with_tf_servings_message(served, request_body, message):
