@@ -40,8 +40,8 @@ def _start_server(translator: str, detector: str, timeout: float) -> tuple[subpr
         port = probe.getsockname()[1]
     process = subprocess.Popen(
         [sys.executable, "-u", str(ROOT / "scripts" / "serve.py"), "--translator", translator,
-         "--detector", detector, "--port", str(port), "--max-string-bytes", str(2**22)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)  # a noisy PNG is over the default 20 kB
+         "--detector", detector, "--port", str(port)], cwd=ROOT, stdout=subprocess.PIPE,
+        text=True)
     deadline = time.monotonic() + timeout
     for line in process.stdout:  # the server prints "ready: ..." once both exports are loaded
         if line.startswith("ready:"):

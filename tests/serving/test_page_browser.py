@@ -2,32 +2,20 @@
 
 Headless Chromium from the system's packages, driven by Selenium through the system's
 chromedriver (Selenium downloads nothing), against ``scripts/serve.py`` serving the test
-exports. Skipped, saying how to install them, where Chromium, chromedriver or Selenium is
-missing.
+exports (conftest's shared `serving`). Skipped, saying how to install them, where Chromium,
+chromedriver or Selenium is missing.
 """
 
 import base64
 import io
-import json
 import math
-import os
-import queue
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 INSTALL = "apt-get install chromium chromium-driver"
@@ -37,8 +25,8 @@ pytestmark = [
         not (CHROMIUM and CHROMEDRIVER),
         reason=f"no {'chromium' if not CHROMIUM else 'chromedriver'} on PATH: the page's browser "
                f"test needs Chromium and its driver from the system's packages ({INSTALL})"),
-    pytest.mark.xdist_group("page_server"),  # one worker starts the server, once
-    pytest.mark.slow,  # the server takes a minute or more to load both exports
+    pytest.mark.xdist_group("serving"),  # on the worker of the shared server
+    pytest.mark.slow,  # the shared server takes a minute or more to start
 ]
 webdriver = pytest.importorskip(
     "selenium.webdriver", reason="selenium is missing (pip install -e '.[test]')")
@@ -53,70 +41,13 @@ REQUEST_TIMEOUT = 60  # seconds for one request of the page to be answered
 WINDOW = (1000, 700)
 
 
-def _post(url: str, body: dict) -> tuple[int, dict]:
-    """(HTTP status, JSON body) of a POST to the server, proxies ignored."""
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(request, timeout=REQUEST_TIMEOUT) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
-# --- The server: `page_server` is the base URL of a running `scripts/serve.py`. -------------
-# A session fixture of the serving tests can replace this section (the tests only use the
-# base URL; the exports are conftest's `nmt_export` and `detr_export`).
-
-SERVER_START = 600  # seconds for the server to load both exports (two busy cores)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def page_server(nmt_export, detr_export, tmp_path_factory):
-    """``http://127.0.0.1:PORT`` of ``scripts/serve.py`` serving the test exports; the server
-    is stopped with SIGTERM at the end of the session."""
-    port = _free_port()
-    stderr_path = tmp_path_factory.mktemp("page_server") / "stderr.txt"
-    command = [sys.executable, str(ROOT / "scripts" / "serve.py"), "--translator",
-               str(nmt_export[2]), "--detector", str(detr_export[1]), "--port", str(port)]
-    with open(stderr_path, "w") as stderr:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr,
-                                   text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    lines: queue.Queue = queue.Queue()
-
-    def read():  # reads stdout to its end, so that the server never blocks on a full pipe
-        for line in process.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        deadline, seen = time.monotonic() + SERVER_START, []
-        while not (seen and seen[-1] is not None and seen[-1].startswith("ready:")):
-            try:
-                seen.append(lines.get(timeout=max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                pytest.fail(f"no 'ready:' line within {SERVER_START} s; stdout: {seen!r}")
-            if seen[-1] is None:
-                process.wait(timeout=30)
-                pytest.fail(f"serve.py exited ({process.returncode}) before 'ready:'; stdout: "
-                            f"{seen[:-1]!r}; stderr: {stderr_path.read_text()[-3000:]}")
-        assert f"listening on http://127.0.0.1:{port}\n" in seen, seen
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+@pytest.fixture
+def server(serving):
+    """conftest's shared `serving` server, still running."""
+    if serving.returncode is not None:
+        pytest.fail("the shared server was stopped before this test (test_server_api.py's "
+                    "SIGTERM test stops it: run this file before that one)")
+    return serving
 
 
 # --- The browser ---------------------------------------------------------------------------
@@ -167,16 +98,16 @@ def _open(driver, url: str):
 
 # --- Translation ---------------------------------------------------------------------------
 
-def test_translate_panel_shows_the_servers_nbest_list(browser, page_server):
-    _open(browser, page_server)
+def test_translate_panel_shows_the_servers_nbest_list(browser, server):
+    _open(browser, server.url)
     source = browser.find_element(By.ID, "source")
     source.clear()
     source.send_keys(SENTENCE)
     browser.find_element(By.ID, "translate").click()
     assert _wait_answered(browser, "translate-panel") == "done", _text(browser, "translate-status")
 
-    status, direct = _post(page_server + "/v1/models/translator:predict",
-                           {"signature_name": "translate_nbest", "instances": [SENTENCE]})
+    status, direct = server.post("/v1/models/translator:predict",
+                                 {"signature_name": "translate_nbest", "instances": [SENTENCE]})
     assert status == 200, direct
     hypotheses = direct["predictions"][0]["hypotheses"]
     scores = direct["predictions"][0]["scores"]
@@ -184,7 +115,7 @@ def test_translate_panel_shows_the_servers_nbest_list(browser, page_server):
     assert shown["predictions"][0]["hypotheses"] == hypotheses
     assert shown["predictions"][0]["scores"] == pytest.approx(scores, abs=1e-5)
     assert _text(browser, "translation") == hypotheses[0]
-    status, plain = _post(page_server + "/v1/models/translator:predict", {"instances": [SENTENCE]})
+    status, plain = server.post("/v1/models/translator:predict", {"instances": [SENTENCE]})
     assert (status, plain["predictions"]) == (200, [hypotheses[0]])
     rows = browser.execute_script(
         "return [...document.querySelectorAll('#nbest tbody tr')]"
@@ -220,15 +151,15 @@ def _canvas_pixels(driver) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(canvas.screenshot_as_png)).convert("RGB"))
 
 
-def test_detect_panel_draws_the_servers_boxes(browser, page_server, tmp_path):
-    _open(browser, page_server)
+def test_detect_panel_draws_the_servers_boxes(browser, server, tmp_path):
+    _open(browser, server.url)
     source = _shapes_png(tmp_path / "shapes.png")
     height, width = source.shape[:2]
     browser.find_element(By.ID, "image").send_keys(str(tmp_path / "shapes.png"))
     assert _wait_answered(browser, "detect-panel") == "done", _text(browser, "detect-status")
 
     encoded = base64.b64encode((tmp_path / "shapes.png").read_bytes()).decode()
-    status, direct = _post(page_server + "/v1/models/detector:predict",
+    status, direct = server.post("/v1/models/detector:predict",
                            {"signature_name": "serving_bytes", "instances": [{"b64": encoded}]})
     assert status == 200, direct
     detections = browser.execute_script("return window.lastDetections")
@@ -292,12 +223,12 @@ def test_detect_panel_draws_the_servers_boxes(browser, page_server, tmp_path):
                                f"column) {tuple(np.argwhere(differs)[0].tolist())}")
 
 
-def test_detect_panel_shows_the_servers_error(browser, page_server, tmp_path):
-    _open(browser, page_server)
+def test_detect_panel_shows_the_servers_error(browser, server, tmp_path):
+    _open(browser, server.url)
     (tmp_path / "broken.png").write_bytes(b"not an image")
     browser.find_element(By.ID, "image").send_keys(str(tmp_path / "broken.png"))
     assert _wait_answered(browser, "detect-panel") == "error"
-    status, direct = _post(page_server + "/v1/models/detector:predict",
+    status, direct = server.post("/v1/models/detector:predict",
                            {"signature_name": "serving_bytes",
                             "instances": [{"b64": "bm90IGFuIGltYWdl"}]})  # "not an image"
     assert 400 <= status < 600 and direct["error"]
