@@ -125,3 +125,10 @@ def serving(nmt_export, detr_export):
         yield server
     finally:
         server.stop()
+
+
+def pytest_collection_modifyitems(items):
+    """The test that stops the shared server runs after every other test that uses it."""
+    last = [item for item in items
+            if item.name == "test_sigterm_stops_the_server_and_every_process_it_started"]
+    items[:] = [item for item in items if item not in last] + last
