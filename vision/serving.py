@@ -30,6 +30,7 @@ __all__ = [
     "OUTPUT_KEYS",
     "SERVING",
     "load_detector",
+    "read_classes",
 ]
 
 SERVING = "serving_default"  # uint8 images in
@@ -61,6 +62,19 @@ def _read_classes(path: str) -> tuple[tuple[str, ...], list[int] | None]:
     return tuple(names), ids
 
 
+def read_classes(path: str | os.PathLike) -> tuple[tuple[str, ...], list[int] | None]:
+    """``(class_names, category_ids)`` of the detector export at ``path``, read without
+    loading it; ValueError naming the path when it is no detector export."""
+    path = os.fspath(path)
+    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
+        raise ValueError(f"No exported detector at {path!r} (expected DIR/export, a "
+                         "SavedModel written by train_detr.py).")
+    classes = os.path.join(path, CLASSES_FILE)
+    if not os.path.isfile(classes):
+        raise ValueError(f"{classes} is missing: the export has no class names.")
+    return _read_classes(classes)
+
+
 def _signature(path: str, signatures, name: str):
     if name not in signatures:
         raise ValueError(f"{path} has no {name!r} signature (it has {sorted(signatures)}), so "
@@ -79,13 +93,7 @@ class Detector:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
-        if not os.path.isfile(os.path.join(self.path, "saved_model.pb")):
-            raise ValueError(f"No exported detector at {self.path!r} (expected DIR/export, a "
-                             "SavedModel written by train_detr.py).")
-        classes = os.path.join(self.path, CLASSES_FILE)
-        if not os.path.isfile(classes):
-            raise ValueError(f"{classes} is missing: the export has no class names.")
-        self.class_names, self.category_ids = _read_classes(classes)
+        self.class_names, self.category_ids = read_classes(self.path)
         self._saved_model = tf.saved_model.load(self.path)  # keeps the variables alive
         signatures = self._saved_model.signatures
         self._images = _signature(self.path, signatures, SERVING)

@@ -1,0 +1,3 @@
+from tfx_transformer.serving.command import main
+
+raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""Serve exports over TensorFlow Serving's REST API: ``tfx-serve`` / ``python scripts/serve.py``.
+
+    python scripts/serve.py --translator runs/nmt/export --detector runs/detr/export [--port 8501]
+
+starts a local Ray instance (or joins a cluster with ``--address``), deploys each export as a
+model (``translator``, ``detector``; renamed with ``--name-translator``/``--name-detector``),
+prints ``listening on http://HOST:PORT`` once the HTTP server answers (models still loading
+answer 503) and a line starting ``ready:`` once every model is loaded, and serves until SIGINT
+or SIGTERM, then shuts down what it started (the Ray processes of a local instance end; on a
+cluster, only this application is deleted). Bad flags or exports: one ``error:`` line, exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+
+from tfx_transformer.training.quiet import quiet_start
+
+quiet_start()  # before TensorFlow is imported (by the exports' checks)
+
+from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
+
+__all__ = ["main"]
+
+APP_NAME = "tfx-serving"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--translator", metavar="DIR", help="a translator export (DIR/export)")
+    parser.add_argument("--detector", metavar="DIR", help="a detector export (DIR/export)")
+    parser.add_argument("--name-translator", default="translator", metavar="NAME")
+    parser.add_argument("--name-detector", default="detector", metavar="NAME")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address to listen on (0.0.0.0: every interface)")
+    parser.add_argument("--port", type=positive(int), default=8501)
+    parser.add_argument("--replicas", type=positive(int), default=1,
+                        help="replicas (processes) per model")
+    parser.add_argument("--max-batch-size", type=positive(int), default=32,
+                        help="the most instances one model call runs (1: no batching)")
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0,
+                        help="how long a request waits for others to share its model call")
+    parser.add_argument("--address", help="join a running Ray cluster: auto, HOST:PORT or "
+                                          "ray://HOST:PORT (default: start a local instance)")
+    parser.add_argument("--num-cpus", type=positive(int),
+                        help="CPUs of the local Ray instance (default: all of this machine's)")
+    parser.add_argument("--max-request-mb", type=positive(float), default=32.0,
+                        help="the largest request body taken (larger: HTTP 413)")
+    parser.add_argument("--max-string-bytes", type=positive(int), default=20_000,
+                        help="the longest text or binary value of one instance (larger: 400)")
+    parser.add_argument("--verbose", action="store_true", help="keep Ray's and TensorFlow's logs")
+    return parser
+
+
+def _models(args) -> list[dict]:
+    """The served models (name, kind, path and what the page shows), their exports checked."""
+    from nlp.serving import read_info
+    from vision.serving import read_classes
+
+    models = []
+    if args.translator:
+        try:
+            info = read_info(args.translator)
+        except ValueError as error:
+            raise ValueError(f"--translator {error}") from None
+        models.append({"name": args.name_translator, "kind": "translator",
+                       "path": os.path.abspath(args.translator), "beam_size": info["beam_size"]})
+    if args.detector:
+        try:
+            names, _ = read_classes(args.detector)
+        except ValueError as error:
+            raise ValueError(f"--detector {error}") from None
+        models.append({"name": args.name_detector, "kind": "detector",
+                       "path": os.path.abspath(args.detector), "class_names": list(names)})
+    if not models:
+        raise ValueError("nothing to serve: give --translator DIR and/or --detector DIR")
+    for flag, name in (("--name-translator", args.name_translator),
+                       ("--name-detector", args.name_detector)):
+        if not _NAME.match(name):
+            raise ValueError(f"{flag} must be letters, digits, '_', '.' or '-', got {name!r}")
+    if len({m["name"] for m in models}) < len(models):
+        raise ValueError(f"--name-translator and --name-detector are both {models[0]['name']!r}")
+    return models
+
+
+def _check_port(host: str, port: int) -> None:
+    if port > 65535:
+        raise ValueError(f"--port must be at most 65535, got {port}")
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            raise ValueError(f"--port {port} on {host} is not free ({error.strerror})") from None
+
+
+def _wait_ready(handles: dict, replicas: int, stop: threading.Event) -> str:
+    """Polls every model's status until all are AVAILABLE; '' or the first failure."""
+    pending = dict(handles)
+    while pending and not stop.is_set():
+        for name, handle in list(pending.items()):
+            answers = [handle.status.remote() for _ in range(2 * replicas)]
+            states = {body["model_version_status"][0]["state"]: body for _, body in
+                      (answer.result() for answer in answers)}
+            if "END" in states:
+                error = states["END"]["model_version_status"][0]["status"]["error_message"]
+                return f"model {name} failed to load: {error}"
+            if set(states) == {"AVAILABLE"}:
+                del pending[name]
+        time.sleep(0.2)
+    return ""
+
+
+def command(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.batch_wait_ms < 0:
+        raise ValueError(f"--batch-wait-ms must be >= 0, got {args.batch_wait_ms}")
+    models = _models(args)
+    if not args.address:
+        _check_port(args.host, args.port)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not args.verbose:
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # the replicas inherit it
+    import ray
+    from ray import serve
+
+    from tfx_transformer.serving.app import build_app
+
+    level = logging.INFO if args.verbose else logging.WARNING
+    ray.init(address=args.address or "local", num_cpus=None if args.address else
+             (args.num_cpus or os.cpu_count()), include_dashboard=False, logging_level=level,
+             log_to_driver=args.verbose, configure_logging=True)
+    # The replicas' queue-length probes time out while TensorFlow loads (warnings, no harm).
+    logging.getLogger("ray.serve").setLevel(level if args.verbose else logging.ERROR)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs its own
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        cpus = float(ray.cluster_resources().get("CPU", 1))
+        replica_cpus = cpus / (len(models) * args.replicas)
+        threads = max(1, int(replica_cpus))
+        serve.start(http_options={"host": args.host, "port": args.port})
+        app = build_app(models, threads, replica_cpus, args.replicas, args.max_batch_size,
+                        args.batch_wait_ms / 1000.0, args.max_string_bytes,
+                        int(args.max_request_mb * 2**20))
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        print(f"listening on http://{shown}:{args.port}", flush=True)
+        handles = {m["name"]: serve.get_deployment_handle(f"model-{m['name']}", APP_NAME)
+                   for m in models}
+        failure = _wait_ready(handles, args.replicas, stop)
+        if failure:
+            raise ValueError(failure)
+        if not stop.is_set():
+            print("ready: " + ", ".join(f"{m['name']} ({m['kind']}, {m['path']})"
+                                        for m in models), flush=True)
+        while not stop.wait(0.5):
+            pass
+        return 0
+    finally:
+        if args.address:
+            serve.delete(APP_NAME)
+        else:
+            serve.shutdown()
+        ray.shutdown()
+        print("stopped", flush=True)
+
+
+def main(argv=None) -> int:
+    """The command through `run_cli` (bad input: one ``error:`` line, exit 2)."""
+    return run_cli(command, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
