@@ -1,45 +1,49 @@
 """Load test of the REST server (``scripts/serve.py``) on loopback, against a hand-rolled peer.
 
     python benchmarks/serve_load.py [--translator DIR] [--detector DIR] [--levels 1,8,32]
-                                    [--requests 32] [--seconds 20] [--json OUT]
+        [--requests 32] [--seconds 8] [--repeats 3] [--server-args '...'] [--json OUT]
 
 Starts each server as a subprocess on a free port of 127.0.0.1, waits for its ``ready:`` line,
-loads it, then stops it with SIGTERM and checks that it and every process it started exited.
-One server runs at a time, in this order:
+loads it, then stops it with SIGTERM and checks that it and every process it started exited
+(those left are killed and reported). The servers:
 
 * ``ours``: ``scripts/serve.py --translator DIR --detector DIR --port P`` (dynamic batching
-  with the server's default batch size and wait), every level of ``--levels``;
+  with the server's default batch size and wait; ``--server-args`` adds flags);
 * ``peer``: the obvious hand-rolled way, this file run as ``--peer-server``: one
   ``tf.saved_model.load`` per export, called from the handler of a single-threaded
   ``http.server.HTTPServer`` (one request at a time, one instance per call, HTTP/1.0: one
   connection per request), on the same paths and JSON (``{"instances": [...]}`` in,
   ``{"predictions": [...]}`` out); its listen backlog is 128 instead of ``HTTPServer``'s 5, so
   that 32 waiting clients queue in the kernel instead of retrying their connections;
-* ``unbatched``: ``scripts/serve.py`` as ``ours`` with ``--max-batch-size 1``, at the largest
-  level only: the speed-up of dynamic batching is ``ours / unbatched`` there.
+* ``unbatched``: ``ours`` with ``--max-batch-size 1``, at the largest level only: the speed-up
+  of dynamic batching is ``ours / unbatched`` there.
 
-The load: for each model, N concurrent asyncio clients (aiohttp), each sending one request
-after the other, one instance per request, until ``--requests`` x N requests have been sent or
-``--seconds`` have passed (requests in flight then are waited for). The translator gets
-``POST /v1/models/translator:predict`` with ``{"instances": [SENTENCE]}`` (held-out sentences
-of ``nlp.data.embedded.generate_pairs``, beam search, the export's ``serving_default``); the
-detector ``POST /v1/models/detector:predict`` with ``{"signature_name": "serving_bytes",
-"instances": [{"b64": PNG}]}`` (held-out 128 px images of ``vision.data.shapes``, PNG-encoded).
-Request ``i`` carries item ``i`` of the same list on every server. Before it is measured each
-model gets a warm-up: 3 requests one after the other, then one burst of as many concurrent
-requests as the largest level.
+``ours`` and ``peer`` run at the same time (the one idle while the other is loaded) and take
+turns: each level is ``--repeats`` rounds per server, in the order ours, peer, peer, ours, ...;
+``unbatched`` runs alone afterwards. A round: N concurrent asyncio clients (aiohttp), each
+sending one request after the other, one instance per request, until ``--requests`` x N
+requests have been sent or ``--seconds`` have passed (requests in flight then are waited for).
+The translator gets ``POST /v1/models/translator:predict`` with ``{"instances": [SENTENCE]}``
+(held-out sentences of ``nlp.data.embedded.generate_pairs``: beam search, the export's
+``serving_default``); the detector ``POST /v1/models/detector:predict`` with
+``{"signature_name": "serving_bytes", "instances": [{"b64": PNG}]}`` (held-out 128 px images of
+``vision.data.shapes``, PNG-encoded, about 31 kB each). Request ``i`` of a round carries item
+``i`` of the same list on every server. Before the load, each model of each server gets 3
+requests one after the other, then one burst of as many concurrent requests as the largest
+level, and each server's CPU use while idle is measured over 5 s.
 
-Printed per server, model and N: requests/s (completed requests over the level's wall time),
-the p50/p95/p99 latency of the completed requests (ms), errors (non-200 answers, answers
-without one prediction, and exceptions such as refused connections and timeouts: there should
-be none), and the server's memory: the summed RSS of the server process and all its
-descendants (``psutil``; for ``ours`` that includes Ray's processes and replicas, shared pages
-counted once per process) before and after the level, and the change in %. Then, per model:
-the memory of the whole load (after the warm-up against after the last level), ``ratio = ours
-/ peer`` of requests/s at each N (higher is better for ours), the batching speed-up, and
-whether the servers' answers agree (equal translations; the largest difference of scores and
-box coordinates). The load generator runs on the same machine as the server and shares its
-cores. Exits 1 if a request failed or a server did not exit cleanly, 2 without exports.
+Printed per server, model and N: requests/s (completed requests over a round's wall time, the
+median of the rounds), the p50/p95/p99 latency of all the rounds' completed requests (ms),
+errors (non-200 answers, answers without one prediction, and exceptions such as refused
+connections and timeouts: there should be none), and the server's memory: the summed RSS of
+the server process and all its descendants (``psutil``; for ``ours`` that includes Ray's
+processes and replicas, shared pages counted once per process) before and after the level,
+and the change in %. Then, per model: ``ratio = ours / peer`` of requests/s at each N (higher
+is better for ours), the batching speed-up, whether the servers' answers agree (equal
+translations; the largest difference of scores and box coordinates), and each server's memory
+over the whole load (after the warm-up against after the last level). The load generator runs
+on the same machine and shares its cores. Exits 1 if a request failed or a server did not
+start or exit cleanly, 2 without exports.
 """
 
 from __future__ import annotations
