@@ -432,9 +432,17 @@ def run_group(names: list[str], plans: dict, args, bodies: dict[str, list[bytes]
                     order = list(started) if repeat % 2 == 0 else list(started)[::-1]
                     for name in order:
                         server = started[name]
-                        rows[name]["rounds"].append(asyncio.run(load(
-                            url_of(server, model), items, clients, args.requests * clients,
-                            args.seconds, args.timeout)))
+                        out = asyncio.run(load(url_of(server, model), items, clients,
+                                               args.requests * clients, args.seconds,
+                                               args.timeout))
+                        rows[name]["rounds"].append(out)
+                        if out["errors"] and not out["completed"]:
+                            results[name]["models"][model]["levels"].append(
+                                finish_row(rows[name], tree_rss(server.proc.pid)))
+                            raise RuntimeError(f"{name} server answered none of {model}'s "
+                                               f"{out['requests']} requests at N={clients} "
+                                               f"({out['error_kinds']}; first: "
+                                               f"{out['first_error']}):\n{server.tail()}")
                         if server.proc.poll() is not None:
                             raise RuntimeError(f"{name} server exited with "
                                                f"{server.proc.poll()} under load:\n"
