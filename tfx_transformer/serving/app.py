@@ -50,7 +50,7 @@ class ModelReplica:
         threads: TensorFlow's thread pool size in this replica.
         max_batch_size: the most instances one signature call runs.
         batch_wait_s: how long a request waits for others to share its call.
-        max_string_bytes: the longest string value an instance may hold.
+        max_string_bytes: the longest text (not b64) an instance may hold.
     """
 
     def __init__(self, name: str, path: str, threads: int, max_batch_size: int,

@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-request-mb", type=positive(float), default=32.0,
                         help="the largest request body taken (larger: HTTP 413)")
     parser.add_argument("--max-string-bytes", type=positive(int), default=20_000,
-                        help="the longest text or binary value of one instance (larger: 400)")
+                        help="the longest text of one instance, in UTF-8 bytes (larger: 400; "
+                             "b64 values are limited by --max-request-mb only)")
     parser.add_argument("--verbose", action="store_true", help="keep Ray's and TensorFlow's logs")
     return parser
 
@@ -107,9 +108,12 @@ def _wait_ready(handles: dict, replicas: int, stop: threading.Event) -> str:
     pending = dict(handles)
     while pending and not stop.is_set():
         for name, handle in list(pending.items()):
-            answers = [handle.status.remote() for _ in range(2 * replicas)]
-            states = {body["model_version_status"][0]["state"]: body for _, body in
-                      (answer.result() for answer in answers)}
+            try:
+                answers = [handle.status.remote() for _ in range(2 * replicas)]
+                states = {body["model_version_status"][0]["state"]: body for _, body in
+                          (answer.result(timeout_s=120) for answer in answers)}
+            except Exception as error:  # noqa: BLE001  (a replica died, Ray went away...)
+                return f"model {name} did not start: {type(error).__name__}: {error}"[:500]
             if "END" in states:
                 error = states["END"]["model_version_status"][0]["status"]["error_message"]
                 return f"model {name} failed to load: {error}"

@@ -55,8 +55,11 @@ class ServedModel:
             import tensorflow as tf
 
             if self.threads:
-                tf.config.threading.set_intra_op_parallelism_threads(self.threads)
-                tf.config.threading.set_inter_op_parallelism_threads(min(2, self.threads))
+                try:
+                    tf.config.threading.set_intra_op_parallelism_threads(self.threads)
+                    tf.config.threading.set_inter_op_parallelism_threads(min(2, self.threads))
+                except RuntimeError:  # TensorFlow runs already in this process: its pools stay
+                    self.threads = None
             try:
                 import tensorflow_text  # noqa: F401  (the translator's SentencePiece ops)
             except ImportError:

@@ -96,7 +96,8 @@ def parse_predict(body: bytes, signatures: dict[str, SignatureSpec],
     Args:
         body: the HTTP request body (JSON).
         signatures: the model's signatures by name.
-        max_string_bytes: the longest text or binary value an instance may hold.
+        max_string_bytes: the longest text (a JSON string, not ``{"b64": ...}``) an
+            instance may hold.
 
     Raises:
         RestError: the body is not JSON, names no or an unknown signature, mixes or lacks
@@ -185,13 +186,13 @@ def _decode_string(key: str, value, limit: int | None) -> bytes:
             data = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             raise RestError(f"input '{key}': Unable to base64 decode") from None
-    elif isinstance(value, str):
-        data = value.encode("utf-8")
-    else:
+        return data  # binary data (an image): only the request's size limits it
+    if not isinstance(value, str):
         raise RestError(f"input '{key}' is a string tensor: expecting a JSON string or "
                         f'{{"b64": ...}}, got {type(value).__name__} {json.dumps(value)[:40]}')
+    data = value.encode("utf-8")
     if limit is not None and len(data) > limit:
-        raise RestError(f"input '{key}': a value of {len(data)} bytes is longer than the "
+        raise RestError(f"input '{key}': a text of {len(data)} bytes is longer than the "
                         f"server's limit of {limit} bytes (--max-string-bytes)")
     return data
 
