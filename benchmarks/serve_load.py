@@ -651,8 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     missing = [m for m in MODELS if not exports[m]
                or not (Path(exports[m]) / "saved_model.pb").is_file()]
     if missing:
-        print(f"error: no {' and no '.join(missing)} export (looked for "
-              f"{', '.join(str(p) for m in missing for p in DEFAULT_EXPORTS[m])}). `make demo` "
+        looked = [f"--{m} {getattr(args, m)}" if getattr(args, m) else
+                  " or ".join(str(p) for p in DEFAULT_EXPORTS[m]) for m in missing]
+        print(f"error: no {' and no '.join(missing)} export (no saved_model.pb in "
+              f"{'; '.join(looked)}). `make demo` "
               "(scripts/quickstart.py) trains both and writes runs/quickstart/nmt/export and "
               "runs/quickstart/detr/export; or pass --translator DIR/export and --detector "
               "DIR/export of scripts/train_nmt.py and scripts/train_detr.py runs.",
