@@ -111,7 +111,9 @@ def _error(status: int, message: str) -> JSONResponse:
 api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0})
+# Every request waits in a model's replica, not here: Ray Serve's default (5 requests at a time)
+# would queue the rest in the proxy and keep batches small.
+@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=10_000)
 @serve.ingress(api)
 class Ingress:
     """The HTTP side: TensorFlow Serving's REST API over the models' deployments.

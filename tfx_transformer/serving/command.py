@@ -31,6 +31,8 @@ from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
 __all__ = ["main"]
 
 APP_NAME = "tfx-serving"
+HEALTH_INTERVAL_S = 5.0  # how often a running server checks that Ray and its application live
+HEALTH_TIMEOUT_S = 30
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -123,6 +125,26 @@ def _wait_ready(handles: dict, replicas: int, stop: threading.Event) -> str:
     return ""
 
 
+def _app_problem(serve) -> str:
+    """'' while the application runs, else what is wrong (Ray gone, the application failed)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import TimeoutError as Timeout
+
+    pool = ThreadPoolExecutor(1)
+    try:
+        status = pool.submit(serve.status).result(timeout=HEALTH_TIMEOUT_S)
+    except Timeout:
+        return f"Ray Serve did not answer within {HEALTH_TIMEOUT_S} s"
+    except Exception as error:  # noqa: BLE001  (Ray's processes ended)
+        return f"Ray is gone ({type(error).__name__})"
+    finally:
+        pool.shutdown(wait=False)
+    app = status.applications.get(APP_NAME)
+    if app is None or str(app.status).split(".")[-1] not in ("RUNNING", "DEPLOYING"):
+        return f"the application is {'deleted' if app is None else app.status}"
+    return ""
+
+
 def command(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.batch_wait_ms < 0:
@@ -166,8 +188,10 @@ def command(argv=None) -> int:
         if not stop.is_set():
             print("ready: " + ", ".join(f"{m['name']} ({m['kind']}, {m['path']})"
                                         for m in models), flush=True)
-        while not stop.wait(0.5):
-            pass
+        while not stop.wait(HEALTH_INTERVAL_S):
+            problem = _app_problem(serve)
+            if problem:
+                raise ValueError(f"the server stopped working: {problem}")
         return 0
     finally:
         if args.address:
