@@ -55,6 +55,9 @@ class NMTConfig:
     patience: int | None = None
     average_last: int | None = None
     batch_tokens: int = 4096  # source+target token budget per batch (padding included)
+    # Gradient clipping by the global norm over all gradients (of the global batch), as
+    # DETR's `clip_norm`; None: none, as in the paper (an update that overflows ends the run).
+    clip_norm: float | None = None
     # beam 4, GNMT length penalty 0.6, at most source length + 50 tokens
     decoding: DecodingSettings = dataclasses.field(default_factory=DecodingSettings)
 
@@ -71,6 +74,7 @@ class NMTConfig:
         for field in ("dropout", "activation_dropout", "label_smoothing", "warmup_share"):
             checks.fraction(f"{owner}.{field}", getattr(self, field))
         checks.positive_number(f"{owner}.lr_scale", self.lr_scale)
+        checks.positive_number(f"{owner}.clip_norm", self.clip_norm, optional=True)
         if self.schedule not in SCHEDULES:
             raise ValueError(f"`{owner}.schedule` must be one of {SCHEDULES}. Received: "
                              f"schedule={self.schedule!r}")

@@ -29,7 +29,8 @@ from nlp.model import build_model
 from nlp.tokenizer import Tokenizer
 from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
-from tfx_transformer.training.checkpoints import choose_weights
+from tfx_transformer.training.checkpoints import Averaging
+from tfx_transformer.training.distribute import GlobalClipAdam
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.trainer import TaskData, Trainer
 
@@ -162,11 +163,12 @@ def make_schedule(config: NMTConfig, total_steps: int | None = None, timed: bool
 
 def compile_model(model, config: NMTConfig, jit_compile: bool = True,
                   total_steps: int | None = None, timed: bool = False):
-    """Adam(0.9, 0.98, 1e-9) on the config's schedule (`make_schedule`), label-smoothed loss,
-    masked accuracy. Returns the schedule."""
+    """Adam(0.9, 0.98, 1e-9) on the config's schedule (`make_schedule`), clipped to
+    ``config.clip_norm``, label-smoothed loss, masked accuracy. Returns the schedule."""
     schedule = make_schedule(config, total_steps, timed)
     model.compile(
-        optimizer=keras.optimizers.Adam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9),
+        optimizer=GlobalClipAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
+                                 global_clipnorm=config.clip_norm),
         loss=MaskedLabelSmoothedCrossEntropy(config.label_smoothing),
         metrics=[MaskedAccuracy()],
         jit_compile=jit_compile,
@@ -190,6 +192,9 @@ class TranslationTask:
     def __init__(self, data: str, config: NMTConfig, run: RunOptions,
                  log: Callable[..., None] = print):
         self.data, self.config, self.run, self.log = data, config, run, log
+        # The export: the mean of the last epochs, up to the best one with patience.
+        self.averaging = Averaging(config.average_last,
+                                   "val_bleu" if config.patience is not None else None)
 
     def load_data(self, trainer: Trainer) -> TaskData:
         """The pairs, the tokenizer (trained, or the work directory's) and the batches."""
@@ -263,8 +268,7 @@ class TranslationTask:
 
     def final_weights(self, trainer: Trainer, model: keras.Model) -> str:
         """The mean of the last epochs' weights (``average_last``), or the best epoch."""
-        monitor = "val_bleu" if self.config.patience is not None else None
-        return choose_weights(model, trainer.workdir, self.config.average_last, monitor)
+        return self.averaging.choose(model, trainer.workdir)
 
     def export(self, model: keras.Model, path) -> None:
         export_translator(model, self.tokenizer, path, self.config.decoding)

@@ -42,6 +42,9 @@ CONFIG_FLAGS = {
         type=positive(int), metavar="N",
         help="export the mean of the weights of the last N epochs (up to the best one); "
              "default: a quarter of the epochs run, at most 10; 1: the last epoch alone")),
+    "clip_norm": ("--clip-norm", dict(
+        type=positive(float), metavar="NORM",
+        help="clip the gradients to this global norm (default: no clipping)")),
     "valid_sentences": ("--valid-sentences", dict(
         type=int, metavar="N", help="held-out pairs scored (greedy BLEU/chrF) every epoch; "
                                     "0: none")),

@@ -105,3 +105,25 @@ def test_config_is_frozen():
     config = preset("tiny")
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.d_model = 64
+
+
+def test_clip_norm_flag_clips_the_global_gradient_norm(monkeypatch, capsys):
+    import nlp.commands.train as command
+    from nlp.train import compile_model
+    from tfx_transformer.training.distribute import GlobalClipAdam
+
+    seen = {}
+    monkeypatch.setattr(command, "train_nmt",
+                        lambda data, workdir, config, run: seen.update(config=config) or {})
+    assert command.main(["--workdir", "unused", "--clip-norm", "0.5"]) == 0
+    config = seen["config"]
+    assert (config.clip_norm, preset("tiny").clip_norm) == (0.5, None)  # default: none
+    model = build_model(preset("tiny", vocab_size=40, num_encoder_layers=1,
+                               num_decoder_layers=1, clip_norm=0.5))
+    compile_model(model, config, jit_compile=False)
+    assert isinstance(model.optimizer, GlobalClipAdam)
+    assert model.optimizer.global_clipnorm == 0.5
+    with pytest.raises(SystemExit) as exit:
+        command.main(["--workdir", "unused", "--clip-norm", "0"])
+    assert exit.value.code == 2
+    assert "error: argument --clip-norm: must be" in capsys.readouterr().err

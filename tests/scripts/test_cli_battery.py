@@ -183,9 +183,10 @@ QUICK, GOOD, IMG = "quickstart.py --workdir {W}", " --data tsv:{FX}/good.tsv", "
 LINE2, LINE3 = r"(:2\b|line 2)", r"(:3\b|line 3)"
 P = "0 -1 nan"  # for every flag that takes a number > 0
 NUMBERS = [  # (command, flags, bad values)
-    (NMT, "--epochs --max-steps --time-budget --batch-tokens --vocab-size --max-length --beam", P),
+    (NMT, "--epochs --max-steps --time-budget --batch-tokens --vocab-size --max-length --beam "
+          "--clip-norm", P),
     (DETR, "--epochs --max-steps --time-budget --eval-limit --batch-size --num-queries "
-           "--learning-rate", P),
+           "--learning-rate --clip-norm", P),
     (TRANSLATE + " Hello", "--batch-size --beam-size", P),
     (EVAL_NMT + "translator" + GOOD, "--beam-size --limit --batch-size", P),
     (EVAL_DETR + "detector --data embedded", "--limit --batch-size", P),

@@ -6,7 +6,7 @@ import pytest
 
 from tfx_transformer import BudgetSchedule
 from tfx_transformer.training.bounds import ScheduleProgress
-from tfx_transformer.training.callbacks import Backup
+from tfx_transformer.training.saving import Backup
 
 PEAK = 2e-3
 

@@ -3,13 +3,16 @@
 `standard_callbacks` assembles them, with the stop rules of `tfx_transformer.training.bounds`
 (`TimeBudget` and `MaxSteps` stop a run cleanly: the trainer still exports and evaluates).
 `RunGuard` stops it with an error (a NaN loss, an epoch
-without batches) before anything of that epoch is saved, `MetricsLogger` writes the history to
-``metrics.json``.
+without batches) before anything of that epoch is saved, `tfx_transformer.training.saving.Backup`
+writes each epoch's checkpoint and backup (refusing NaN weights and a full disk),
+`MetricsLogger` writes the history to ``metrics.json``.
 
 Testing hook: ``TFX_TRANSFORMER_FAULT`` makes a run fail on purpose (`FaultInjection`,
 `inject_fault`): ``step:N`` (SIGKILL just before optimizer step N, 1-based), ``epoch:N``
 (SIGKILL just before the first step of epoch N), ``nan:N`` (the weights become NaN just before
-step N, so its loss is NaN), ``export`` or ``evaluate`` (SIGKILL when that phase starts).
+step N, so its loss is NaN), ``update:N`` (the weights become NaN just after step N, as after
+an update that overflowed: its loss is finite), ``export`` or ``evaluate`` (SIGKILL when that
+phase starts).
 Unset in normal use.
 """
 
@@ -28,7 +31,9 @@ from pathlib import Path
 import keras
 
 from tfx_transformer.training.bounds import MaxSteps, Progress, TimeBudget
+from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.distribute import is_chief, task_index
+from tfx_transformer.training.saving import Backup
 from tfx_transformer.training.workdir import (
     Workdir,
     read_metrics,
@@ -37,7 +42,7 @@ from tfx_transformer.training.workdir import (
     write_state,
 )
 
-__all__ = ["Backup", "FaultInjection", "MetricsLogger", "NonFiniteLossError", "RunGuard",
+__all__ = ["FaultInjection", "MetricsLogger", "NonFiniteLossError", "RunGuard",
            "inject_fault", "standard_callbacks"]
 
 FAULT_ENV = "TFX_TRANSFORMER_FAULT"
@@ -58,7 +63,7 @@ class RunGuard(keras.callbacks.Callback):
     follows, so nothing with those weights is saved and the backup keeps the last good epoch;
     Keras's ``TerminateOnNaN`` only stops, and the epoch's checkpoint then holds NaN weights).
     An epoch without a single batch raises `ValueError`: training on no data would loop over
-    empty epochs for ever. Put it before `ModelCheckpoint` and `BackupAndRestore`.
+    empty epochs for ever. Put it before `tfx_transformer.training.saving.Backup`.
 
     Args:
         workdir: the work directory (named in the messages).
@@ -92,32 +97,11 @@ class RunGuard(keras.callbacks.Callback):
                              "empty (every example was dropped?)")
 
 
-class Backup(keras.callbacks.BackupAndRestore):
-    """`BackupAndRestore` that keeps the previous backup (``.bkp``) and names a broken file.
-
-    A backup cut short (a kill during its write) falls back to the previous one; a backup that
-    cannot be read at all is a `ValueError` naming the file and what to do.
-    """
-
-    def __init__(self, backup_dir: str, delete_checkpoint: bool = True):
-        super().__init__(backup_dir, delete_checkpoint=delete_checkpoint, double_checkpoint=True)
-
-    def on_train_begin(self, logs=None):
-        try:
-            super().on_train_begin(logs)
-        except Exception as error:  # h5py, JSON and shape errors alike
-            if not os.path.exists(self._weights_path):
-                raise
-            raise ValueError(
-                f"cannot resume from {self._weights_path} ({type(error).__name__}: "
-                f"{str(error)[:200]}); delete {self.backup_dir} to train again from epoch 1, "
-                "or rerun with --restart") from None
-
-
 class FaultInjection(keras.callbacks.Callback):
     """Testing hook: ``step:N`` SIGKILLs this process, ``nan:N`` makes the weights NaN, just
-    before optimizer step N (1-based, counted over resumes); ``epoch:N`` SIGKILLs it before
-    epoch N's first step. See the module docstring."""
+    before optimizer step N (1-based, counted over resumes); ``update:N`` makes them NaN just
+    after step N; ``epoch:N`` SIGKILLs it before epoch N's first step. See the module
+    docstring."""
 
     def __init__(self, kind: str, step: int):
         super().__init__()
@@ -131,10 +115,20 @@ class FaultInjection(keras.callbacks.Callback):
             if batch == 0 and self._epoch + 1 == self.step:
                 os.kill(os.getpid(), signal.SIGKILL)
             return
-        if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) + 1 != self.step:
+        if self.kind == "update" or self._steps() + 1 != self.step:
             return
         if self.kind == "step":
             os.kill(os.getpid(), signal.SIGKILL)
+        self._poison()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.kind == "update" and self._steps() == self.step:
+            self._poison()
+
+    def _steps(self) -> int:
+        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
+    def _poison(self) -> None:
         for variable in self.model.trainable_variables:
             variable.assign(keras.ops.full(variable.shape, float("nan"), variable.dtype))
 
@@ -146,9 +140,9 @@ def _fault() -> tuple[str, int | None] | None:
     kind, _, step = value.partition(":")
     if kind in ("export", "evaluate") and not step:
         return kind, None
-    if kind in ("step", "epoch", "nan") and step.isdigit() and int(step) > 0:
+    if kind in ("step", "epoch", "nan", "update") and step.isdigit() and int(step) > 0:
         return kind, int(step)
-    raise ValueError(f"{FAULT_ENV} must be step:N, epoch:N, nan:N, export or evaluate (a "
+    raise ValueError(f"{FAULT_ENV} must be step:N, epoch:N, nan:N, update:N, export or evaluate (a "
                      "testing hook). "
                      f"Received: {value!r}")
 
@@ -212,13 +206,15 @@ def standard_callbacks(
     clock: Callable[[], float] = time.monotonic,
     offset_seconds: float = 0.0,
     progress: Progress | None = None,
+    averaging: Averaging = Averaging(),
 ) -> list[keras.callbacks.Callback]:
     """The callbacks every trainer passes to `fit`, in order.
 
     `RunGuard` (first: it raises before the epoch's checkpoint and backup are written),
     `Backup(DIR/backup)` (before the others, so they see the restored state; the model must be
-    built before `fit`), `ModelCheckpoint` of weights every epoch into
-    ``DIR/checkpoints/epoch-NNN.weights.h5``, `TensorBoard(DIR/logs)`, `TimeBudget` and
+    built before `fit`), which also writes each epoch's weights to
+    ``DIR/checkpoints/epoch-NNN.weights.h5`` and keeps those ``averaging`` needs,
+    `TensorBoard(DIR/logs)`, `TimeBudget` and
     `MaxSteps` when asked, `MetricsLogger`, ``progress`` when given, and `FaultInjection`
     when the testing hook asks. Non-chief workers back up to ``DIR/backup-worker-N`` and
     write checkpoints to a temporary directory, logs not at all.
@@ -234,6 +230,8 @@ def standard_callbacks(
         offset_seconds: training time earlier processes of this run spent (``run.json``'s
             ``fit_seconds``); the time budget counts it.
         progress: the `Progress` line (give `fit` ``verbose=0``), or None.
+        averaging: what the run exports: the epoch checkpoints it needs are kept
+            (`Averaging.needed`), the others deleted (default: the last epoch's only).
     """
     workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
     chief = is_chief()
@@ -241,12 +239,14 @@ def standard_callbacks(
     if not chief:
         backup = workdir.root / f"backup-worker-{task_index()}"
         checkpoints = Path(tempfile.mkdtemp(prefix="tfx-checkpoints-"))
+
+    def keep(epoch: int, logs: dict) -> set:
+        history = [e for e in read_metrics(workdir).get("history", []) if e["epoch"] < epoch]
+        return averaging.needed(history + [{**logs, "epoch": epoch}])
+
     callbacks = [
         RunGuard(workdir),
-        Backup(str(backup), delete_checkpoint=not keep_backup),
-        keras.callbacks.ModelCheckpoint(
-            str(checkpoints / "epoch-{epoch:03d}.weights.h5"), save_weights_only=True
-        ),
+        Backup(backup, delete_checkpoint=not keep_backup, checkpoints=checkpoints, keep=keep),
     ]
     if tensorboard is None:
         tensorboard = importlib.util.find_spec("tensorboard") is not None

@@ -1,11 +1,13 @@
 """The weights a run exports: its last epoch, its best epoch, or an average of epochs.
 
-Every trainer saves the weights of each epoch to ``DIR/checkpoints/epoch-NNN.weights.h5``
-(`tfx_transformer.training.callbacks.standard_callbacks`) and the epoch's logs to
-``metrics.json["history"]``. `choose_weights` picks from them what is exported: the epoch
-with the best value of a validation metric (early stopping's "best checkpoint"), and the
-arithmetic mean of the last ``average_last`` epochs up to it (fairseq's
-``average_checkpoints.py --num-epoch-checkpoints N``).
+Every trainer saves the weights (without the optimizer state) of each epoch to
+``DIR/checkpoints/epoch-NNN.weights.h5`` (`tfx_transformer.training.saving.Backup`) and the
+epoch's logs to ``metrics.json["history"]``. `choose_weights` picks from them what is
+exported: the epoch with the best value of a validation metric (early stopping's "best
+checkpoint"), and the arithmetic mean of the last ``average_last`` epochs up to it (fairseq's
+``average_checkpoints.py --num-epoch-checkpoints N``). A task says what it exports with an
+`Averaging`, whose `Averaging.needed` tells the trainer which checkpoints to keep: the others
+are deleted as the run goes.
 
 Example:
     >>> choose_weights(model, workdir, average_last=3, monitor="val_bleu")
@@ -14,8 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,10 +26,11 @@ import keras
 import numpy as np
 
 from tfx_transformer import checks
+from tfx_transformer.training.h5files import checkpoint_files
 from tfx_transformer.training.workdir import Workdir, read_metrics
 
-__all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "average_count", "average_weights", "best_epoch",
-           "choose_weights", "epoch_checkpoints"]
+__all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "Averaging", "average_count", "average_weights",
+           "best_epoch", "choose_weights", "epoch_checkpoints"]
 
 # `average_last=None`: average the last quarter of the epochs up to the exported one, at most
 # 10. On real text (benchmarks/nmt_real.py, 29 epochs of 50 steps) the mean of the last 5, 8
@@ -34,25 +38,19 @@ __all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "average_count", "average_weights", "
 AVERAGE_SHARE = 0.25
 AVERAGE_MAX = 10
 
-_CHECKPOINT = re.compile(r"epoch-(\d+)\.weights\.h5$")
-
 
 def epoch_checkpoints(workdir: Workdir | str | os.PathLike) -> dict[int, Path]:
     """``{epoch (1-based): path}`` of the epoch checkpoints in ``DIR/checkpoints``."""
     workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
-    found = {}
-    for path in workdir.checkpoints.glob("epoch-*.weights.h5"):
-        match = _CHECKPOINT.search(path.name)
-        if match:
-            found[int(match.group(1))] = path
-    return dict(sorted(found.items()))
+    return checkpoint_files(workdir.checkpoints)
 
 
 def average_weights(model: keras.Model, paths: Sequence[str | os.PathLike]) -> None:
     """Sets ``model``'s weights to the arithmetic mean of the weight files ``paths``.
 
-    Each file is loaded into ``model`` in turn (so the optimizer state is that of the last
-    file); the mean is taken in float64 and cast to each variable's dtype.
+    Each file is loaded into ``model`` in turn (an epoch checkpoint holds no optimizer state:
+    the optimizer's is left as it is); the mean is taken in float64 and cast to each
+    variable's dtype.
 
     Raises:
         ValueError: no paths, or a file that does not fit ``model`` (named).
@@ -62,7 +60,9 @@ def average_weights(model: keras.Model, paths: Sequence[str | os.PathLike]) -> N
     total = None
     for path in paths:
         try:
-            model.load_weights(str(path))
+            with warnings.catch_warnings():  # Keras: "Skipping variable loading for optimizer"
+                warnings.filterwarnings("ignore", message="Skipping variable loading")
+                model.load_weights(str(path))
         except Exception as error:  # h5py and shape errors alike
             raise ValueError(f"cannot load {path} into the model ({type(error).__name__}: "
                              f"{str(error)[:200]})") from None
@@ -128,3 +128,47 @@ def choose_weights(model: keras.Model, workdir: Workdir | str | os.PathLike,
     if len(epochs) == 1:
         return f"the weights of epoch {epochs[0]}{why}"
     return f"the mean of the weights of epochs {epochs[0]}-{epochs[-1]}{why}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Averaging:
+    """What a run exports from its epoch checkpoints (`choose_weights` with these arguments).
+
+    Attributes:
+        last: the epochs averaged (None: `average_count` of the exported epoch; 1: that epoch).
+        monitor: the validation metric that picks the best epoch (None: the last epoch).
+        mode: ``"max"`` or ``"min"``: which ``monitor`` value is best.
+    """
+
+    last: int | None = 1
+    monitor: str | None = None
+    mode: str = "max"
+
+    def __post_init__(self):
+        checks.positive_int("Averaging.last", self.last, optional=True)
+        if self.mode not in ("max", "min"):
+            raise ValueError(f"`Averaging.mode` must be 'max' or 'min'. Received: {self.mode!r}")
+
+    def choose(self, model: keras.Model, workdir: Workdir | str | os.PathLike) -> str:
+        """`choose_weights` of ``model`` and ``workdir``: sets the weights, says which."""
+        return choose_weights(model, workdir, self.last, self.monitor, self.mode)
+
+    def needed(self, history: Sequence[dict]) -> set[int]:
+        """The epochs whose checkpoints `choose` may still read, now or at a later epoch.
+
+        ``history`` is ``metrics.json["history"]`` up to the epoch just done. Needed: the
+        ``last`` epochs ending at the latest one and, with ``monitor``, those ending at the
+        best one. An epoch dropped here is never needed later: a later best epoch is a
+        later epoch, and `average_count` grows by at most one epoch per epoch.
+        """
+        if not history:
+            return set()
+        ends = {max(e["epoch"] for e in history)}
+        if self.monitor is not None:
+            best = best_epoch(history, self.monitor, self.mode)
+            ends |= {best} if best is not None else set()
+        needed = set()
+        for end in ends:
+            count = average_count(end) if self.last is None else self.last
+            needed.update(range(end - count + 1, end + 1))
+        return needed

@@ -19,9 +19,9 @@ import keras
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["STRATEGIES", "broadcast_from_chief", "clip_by_global_norm_of_sum", "get_strategy",
-           "is_chief", "multi_worker_strategy", "num_replicas", "replica_sum", "task_index",
-           "tf_config"]
+__all__ = ["STRATEGIES", "GlobalClipAdam", "broadcast_from_chief", "clip_by_global_norm_of_sum",
+           "get_strategy", "is_chief", "multi_worker_strategy", "num_replicas", "replica_sum",
+           "task_index", "tf_config"]
 
 STRATEGIES = ("auto", "mirrored", "multi_worker")
 
@@ -189,6 +189,21 @@ def clip_by_global_norm_of_sum(grads: list, clip_norm: float) -> list:
     scale = clip_norm * ops.minimum(1.0 / norm, 1.0 / clip_norm)
     scale = scale + (norm - norm)  # NaN for an infinite or NaN norm, as Keras's clipping
     return [None if g is None else g * ops.cast(scale, g.dtype) for g in grads]
+
+
+@keras.saving.register_keras_serializable(package="tfx_transformer")
+class GlobalClipAdam(keras.optimizers.Adam):
+    """`keras.optimizers.Adam` whose ``global_clipnorm`` clips the global batch's gradients.
+
+    With several replicas the norm is that of the gradients summed over them
+    (`clip_by_global_norm_of_sum`), so a run clips alike on one device and on many; Keras's
+    own Adam clips each replica's share. Same arguments as `keras.optimizers.Adam`.
+    """
+
+    def _clip_gradients(self, grads):
+        if self.global_clipnorm and num_replicas() > 1:
+            return clip_by_global_norm_of_sum(grads, self.global_clipnorm)
+        return super()._clip_gradients(grads)
 
 
 def broadcast_from_chief(payload: bytes | None,

@@ -20,6 +20,7 @@ The protocol, in ten lines::
         data = "embedded"              # the --data spec, recorded in run.json
         default_epochs = 10            # epochs of a run bounded by nothing else
         state_files = ()               # the task's own files moved aside by --restart
+        averaging = Averaging(3)       # optional: what is exported, so which checkpoints kept
         def load_data(self, trainer) -> TaskData: ...
         def build_model(self, trainer, data) -> keras.Model: ...   # built and compiled
         def callbacks(self, trainer, model) -> list: ...           # before the standard ones
@@ -43,10 +44,12 @@ import tensorflow as tf
 
 from tfx_transformer.training.bounds import Progress, ScheduleProgress, plan_epochs
 from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
+from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.data_spec import normalized
 from tfx_transformer.training.distribute import broadcast_from_chief, get_strategy, is_chief
 from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
+from tfx_transformer.training.saving import check_export, check_training_space
 from tfx_transformer.training.workdir import (
     Workdir,
     check_workdir,
@@ -79,7 +82,8 @@ class TaskData:
 class Task(Protocol):
     """An application, as `Trainer.fit` drives it (see the module docstring).
 
-    `final_weights` is optional: without it the last weights are exported.
+    `final_weights` is optional: without it the last weights are exported; ``averaging``
+    too: without it, the last epoch's checkpoint alone is kept.
     """
 
     data: str
@@ -121,7 +125,6 @@ class Trainer:
         if not isinstance(run, RunOptions):
             raise TypeError(f"`run` must be a RunOptions. Received: {type(run).__name__}")
         if run.strategy == "multi_worker" and run.time_budget is not None:
-            # Each worker's clock would stop it (and set a time-based schedule) on its own.
             raise ValueError("`--time-budget` cannot bound a `--strategy multi_worker` run: "
                              "each worker measures its own time, so they would stop at "
                              "different steps; bound it with `--max-steps` or `--epochs`")
@@ -164,27 +167,27 @@ class Trainer:
            that holds a run on another ``--data`` is refused.
         2. A finished run whose request adds nothing returns its recorded scores at once.
         3. ``task.load_data``; ``task.build_model`` in the strategy's scope.
-        4. `fit` for ``run.fit_epochs(task.default_epochs)`` epochs (no more than
-           ``max_steps`` needs when the epoch length is known) with `ScheduleProgress`,
-           ``task.callbacks``, the `standard_callbacks` (guard, resume, checkpoints, logs,
-           time budget, step limit, history, progress line) and ``callbacks``, in that order.
-           Skipped when the recorded fit already covers the request (a run killed during
-           export or evaluation): the weights then come from the backup.
+        4. The disk is checked for room; `fit` for ``run.fit_epochs(task.default_epochs)``
+           epochs (no more than ``max_steps`` needs when the epoch length is known) with
+           `ScheduleProgress`, ``task.callbacks``, the `standard_callbacks` (guard, resume,
+           checkpoints kept as ``task.averaging`` needs, logs, time budget, step limit,
+           history, progress line) and ``callbacks``, in that order. Skipped when the
+           recorded fit already covers the request: the weights then come from the backup.
         5. Non-chief workers stop here and return ``{}``: only the chief writes.
         6. ``task.final_weights`` (if the task has it) sets the weights to export and
-           evaluate; ``task.export`` writes the SavedModel (unless recorded as done).
+           evaluate; ``task.export`` writes the SavedModel (unless recorded as done) once
+           the weights are found finite and the disk has room (`check_export`).
         7. ``task.evaluate`` returns the ``metrics.json`` entries, ``"valid"`` among them;
-           they and ``train_seconds`` are merged into ``metrics.json``.
-
-        ``DIR/run.json`` records each phase as it ends; the backup is kept.
+           they and ``train_seconds`` are merged into ``metrics.json``. ``DIR/run.json``
+           records each phase as it ends; the backup is kept.
 
         Returns:
             The ``"valid"`` entry returned by ``task.evaluate`` ({} on non-chief workers).
 
         Raises:
-            ValueError: the work directory holds a broken file or a run on other data, the
-                task found bad data, there are no training batches, or the loss became NaN
-                (`tfx_transformer.training.callbacks.NonFiniteLossError`).
+            ValueError: a broken file or a run on other data in the work directory, bad data,
+                no training batches, a NaN loss or NaN weights (`NonFiniteLossError`,
+                `NonFiniteWeightsError`), a full disk (`h5files.NoSpaceError`).
         """
         with lock_workdir(self.workdir):
             return self._fit_task(task, callbacks)
@@ -193,7 +196,7 @@ class Trainer:
         if self.run.restart and is_chief():
             move_aside(self.workdir, ["checkpoints", "backup", "logs", "metrics.json",
                                       "run.json", *task.state_files], self.log)
-        check_workdir(self.workdir)
+        check_workdir(self.workdir, self.log)
         new_run = not (self.workdir.root / "run.json").exists()
         spec = self._check_data(task.data)
         request, state = self._request(task.default_epochs), self._read_state()
@@ -224,6 +227,7 @@ class Trainer:
         if final_weights is not None:
             self.log(f"final weights: {final_weights(self, model)}")
         if state["phase"] == "trained":
+            check_export(model, self.workdir.root)
             inject_fault("export")
             task.export(model, self.workdir.export)
             state = self._record(phase="exported", export_steps=state["steps"])
@@ -242,6 +246,7 @@ class Trainer:
         self._record(phase="training", request=request, data=spec)
         epochs = plan_epochs(request["epochs"], run.max_steps, data.steps_per_epoch)
         spent = self.fit_seconds
+        check_training_space(model, workdir.root)
         progress = Progress(self.total_steps(task.default_epochs, data.steps_per_epoch),
                             run.time_budget, spent,
                             epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
@@ -249,7 +254,8 @@ class Trainer:
                          *task.callbacks(self, model),
                          *standard_callbacks(workdir, run.time_budget, run.max_steps,
                                              keep_backup=True, offset_seconds=spent,
-                                             progress=progress),
+                                             progress=progress,
+                                             averaging=getattr(task, "averaging", Averaging())),
                          *callbacks]
         history = model.fit(data.train, validation_data=data.valid, epochs=epochs,
                             shuffle=False, callbacks=all_callbacks, verbose=0)
@@ -290,9 +296,8 @@ class Trainer:
         return [(p.stat().st_mtime_ns, p.stat().st_size) if p.exists() else None for p in paths]
 
     def _request(self, default_epochs: int) -> dict:
-        run = self.run
-        return {"epochs": run.fit_epochs(default_epochs), "max_steps": run.max_steps,
-                "time_budget": run.time_budget}
+        return {"epochs": self.run.fit_epochs(default_epochs), "max_steps": self.run.max_steps,
+                "time_budget": self.run.time_budget}
 
     def _needs_training(self, state: dict, request: dict) -> bool:
         """False when the recorded fit already covers ``request`` (or is the same request)."""
@@ -310,8 +315,7 @@ class Trainer:
         worker that went on alone would wait for its peers in `fit` for ever."""
         if self.run.strategy != "multi_worker":
             return read_state(self.workdir)
-        chief = is_chief()
-        state = json.dumps(read_state(self.workdir)).encode("utf-8") if chief else None
+        state = json.dumps(read_state(self.workdir)).encode("utf-8") if is_chief() else None
         return json.loads(broadcast_from_chief(state, self.strategy).decode("utf-8"))
 
     def _record(self, **fields: Any) -> dict:

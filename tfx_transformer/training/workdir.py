@@ -2,17 +2,20 @@
 
 Work directory ``DIR``::
 
-    DIR/checkpoints/epoch-NNN.weights.h5   weights + optimizer state after each epoch
+    DIR/checkpoints/epoch-NNN.weights.h5   the weights after an epoch (no optimizer state):
+                                           the last ones, as many as averaging needs
     DIR/export/                            SavedModel (written by the application)
     DIR/logs/                              TensorBoard
     DIR/metrics.json                       merged, written atomically
     DIR/run.json                           the run's state: phase, epochs, steps (`read_state`)
     DIR/backup/                            BackupAndRestore state: the latest epoch's weights and
                                            optimizer (kept, so a larger --epochs continues)
+    DIR/**/.tmp-*                          a file being written (renamed when complete)
     DIR/.lock                              the PID of the process running in DIR (`lock_workdir`)
 
-`check_workdir` reads what a rerun will read (``metrics.json``, ``run.json``, the backup) and
-raises one clear `ValueError` naming the file, before any data is loaded.
+`check_workdir` reads what a rerun will read (``metrics.json``, ``run.json``, the backup, the
+epoch checkpoints) and raises one clear `ValueError` naming the file, before any data is
+loaded; a broken epoch checkpoint is rewritten from the backup or set aside, with a warning.
 """
 
 from __future__ import annotations
@@ -29,6 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tfx_transformer.training.h5files import (
+    CHECKPOINT_NAME,
+    checkpoint_files,
+    copy_weights_only,
+    opens,
+    remove_leftovers,
+)
 
 __all__ = ["PHASES", "Workdir", "check_workdir", "lock_workdir", "move_aside", "read_metrics",
            "read_state", "to_json", "write_metrics", "write_state"]
@@ -221,43 +232,50 @@ def lock_workdir(workdir: Workdir | str | os.PathLike) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def check_workdir(workdir: Workdir) -> None:
+def check_workdir(workdir: Workdir, log: Callable[..., None] = print) -> None:
     """Reads what a rerun reads, so a broken file is reported before any data is loaded.
 
-    Checks ``metrics.json`` and ``run.json`` (JSON objects) and the backup's weights file
-    (an HDF5 file that opens; Keras falls back to the ``.bkp`` copy when only the newest is
-    broken, as after a kill during its write).
+    Checks ``metrics.json`` and ``run.json`` (JSON objects), the backup (its weights file
+    opens, its epoch is an integer) and the epoch checkpoints; deletes the temporary files a
+    killed write left. An epoch checkpoint that does not open (cut short by a kill or a full
+    disk), or the backup's epoch without one, is rewritten from the backup when it is the
+    backup's epoch; any other broken one is renamed ``epoch-NNN.weights.h5.broken`` (averaging
+    then leaves that epoch out). Both say so on ``log``.
 
     Raises:
         ValueError: naming the broken file and what to do about it.
     """
     read_metrics(workdir)
     read_state(workdir)
+    for directory in (workdir.root, workdir.checkpoints, workdir.backup):
+        remove_leftovers(directory)
     weights = workdir.backup / "latest.weights.h5"
-    if weights.exists() and not _opens(weights) and not _opens(Path(f"{weights}.bkp")):
+    if weights.exists() and not opens(weights) and not opens(Path(f"{weights}.bkp")):
         raise ValueError(
             f"{weights} is truncated or corrupt, so the run cannot resume from it; delete "
             f"{workdir.backup} to train again from epoch 1, or rerun with --restart")
     metadata = workdir.backup / "training_metadata.json"
+    epoch = None
     if metadata.exists():
         epoch = _read_object(metadata).get("epoch")
         if not (isinstance(epoch, int) and epoch >= 0):
             raise ValueError(f"{metadata}: 'epoch' must be an integer >= 0, not {epoch!r}; "
                              f"delete {workdir.backup} to train again from epoch 1, or rerun "
                              "with --restart")
-
-
-def _opens(path: Path) -> bool:
-    import h5py  # Keras's own dependency
-
-    if not path.exists():
-        return False
-    try:
-        with h5py.File(path, "r") as f:
-            f.visit(lambda name: None)
-        return True
-    except Exception:  # any failure to read it means "broken"
-        return False
+    checkpoints = checkpoint_files(workdir.checkpoints)
+    if epoch and opens(weights) and epoch not in checkpoints:
+        checkpoints[epoch] = workdir.checkpoints / CHECKPOINT_NAME.format(epoch=epoch)
+    for number, path in checkpoints.items():
+        if opens(path):
+            continue
+        state = "cut short or corrupt" if path.exists() else "missing"
+        if number == epoch and opens(weights):
+            copy_weights_only(weights, path)
+            log(f"warning: {path} was {state}: rewritten from {weights} (epoch {epoch})")
+        else:
+            path.replace(f"{path}.broken")
+            log(f"warning: {path} is {state}: moved to {path.name}.broken; checkpoint "
+                f"averaging leaves epoch {number} out")
 
 
 def write_metrics(workdir: Workdir | str | os.PathLike, metrics: Mapping[str, Any]) -> dict:

@@ -34,6 +34,9 @@ CONFIG_FLAGS = {
     "learning_rate": ("--learning-rate", dict(
         type=positive(float),
         help="Transformer learning rate (the backbone's keeps the preset's multiplier)")),
+    "clip_norm": ("--clip-norm", dict(
+        type=positive(float), metavar="NORM",
+        help="clip the gradients to this global norm (default: the preset's, DETR's 0.1)")),
     "backbone_weights": ("--backbone-weights", dict(
         metavar="FILE", help="r50: local Keras ResNet-50 ImageNet weights (..._notop.h5)")),
 }

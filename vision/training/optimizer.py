@@ -16,13 +16,13 @@ from typing import Any
 import keras
 from keras import ops
 
-from tfx_transformer.training.distribute import clip_by_global_norm_of_sum, num_replicas
+from tfx_transformer.training.distribute import GlobalClipAdam
 
 __all__ = ["DetrAdamW", "build_optimizer"]
 
 
 @keras.saving.register_keras_serializable(package="vision")
-class DetrAdamW(keras.optimizers.Adam):
+class DetrAdamW(GlobalClipAdam):
     """AdamW whose backbone variables use ``backbone_lr_multiplier`` times the learning rate.
 
     Weight decay is decoupled (``w -= lr_w * weight_decay * w`` before the Adam step, with
@@ -90,12 +90,6 @@ class DetrAdamW(keras.optimizers.Adam):
         self._lr_multipliers = [
             self.backbone_lr_multiplier if id(v) in ids else 1.0 for v in variables
         ]
-
-    def _clip_gradients(self, grads):
-        # Keras clips each replica's gradients before they are summed; DETR clips their sum.
-        if self.global_clipnorm and num_replicas() > 1:
-            return clip_by_global_norm_of_sum(grads, self.global_clipnorm)
-        return super()._clip_gradients(grads)
 
     def update_step(self, gradient, variable, learning_rate):
         multiplier = self._lr_multipliers[self._get_variable_index(variable)]
