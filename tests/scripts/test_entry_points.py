@@ -20,7 +20,7 @@ SCRIPTS = {
     "tfx-train-nmt": "train_nmt.py", "tfx-translate": "translate.py",
     "tfx-evaluate-nmt": "evaluate_nmt.py", "tfx-train-detr": "train_detr.py",
     "tfx-detect": "detect.py", "tfx-evaluate-detr": "evaluate_detr.py",
-    "tfx-quickstart": "quickstart.py",
+    "tfx-quickstart": "quickstart.py", "tfx-serve": "serve.py",
 }
 
 
@@ -56,6 +56,6 @@ def test_the_commands_of_one_application_never_import_the_other():
 def test_importing_the_packages_on_the_way_loads_no_tensorflow():
     # What a command imports before its quiet start: TensorFlow must not be among it.
     code = ("import sys, tfx_transformer, tfx_transformer.training, tfx_transformer.training.quiet"
-            ", nlp, nlp.commands, vision, vision.commands; "
+            ", tfx_transformer.serving, nlp, nlp.commands, vision, vision.commands; "
             "sys.exit('tensorflow' in sys.modules or 'keras' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
