@@ -267,8 +267,8 @@ def _decode_file(row: dict, max_side: int | None) -> dict:
     image = decode.decode_image(tf.io.read_file(row["path"]))
     boxes, crowd_boxes = row["boxes"], row["crowd_boxes"]
     if max_side is not None:
-        image, (scale_y, scale_x) = decode.shrink(image, max_side)
-        scale = tf.stack([scale_x, scale_y, scale_x, scale_y])
+        image, scale = decode.shrink(image, max_side)  # scale: (2,) (y, x)
+        scale = tf.stack([scale[1], scale[0], scale[1], scale[0]])
         boxes, crowd_boxes = boxes * scale, crowd_boxes * scale
     return {"image": image, "image_id": row["image_id"], "boxes": boxes,
             "crowd_boxes": crowd_boxes, "labels": row["labels"],
