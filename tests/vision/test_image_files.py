@@ -171,20 +171,30 @@ def test_the_check_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
     paths[0].write_bytes(_jpeg(BLOCKS))
     paths[1].write_bytes(_jpeg(BLOCKS, orientation=8))
     cache = tmp_path / image_check.CACHE_FILE
-    sizes, problems = image_check.check_images(paths, cache=cache, progress=False)
-    assert sizes == {str(paths[0]): (30, 50), str(paths[1]): (50, 30)} and problems == {}
+    checked = image_check.check_images(paths, cache=cache, progress=False)
+    assert checked.sizes == {str(paths[0]): (30, 50), str(paths[1]): (50, 30)}
+    assert checked.problems == {} and checked.decoded == 2 and not cache.exists()
+    image_check.write_cache(cache, checked)
     assert len(json.loads(cache.read_text())["images"]) == 2
 
-    checked = []
+    decoded = []
     real = image_check._check
-    monkeypatch.setattr(image_check, "_check", lambda p: checked.append(p) or real(p))
-    assert image_check.check_images(paths, cache=cache, progress=False)[0] == sizes
-    assert checked == []  # nothing decoded again
+    monkeypatch.setattr(image_check, "_check", lambda p: decoded.append(p) or real(p))
+    again = image_check.check_images(paths, cache=cache, progress=False)
+    assert again.sizes == checked.sizes and decoded == [] and again.decoded == 0
     paths[1].write_bytes(_truncated())  # a new size and mtime
     os.utime(paths[0], ns=(1, 1))  # the same bytes, a new mtime
-    before = cache.read_text()
-    sizes, problems = image_check.check_images(paths, cache=cache, progress=False)
-    assert checked == [str(p) for p in paths] and list(problems) == [str(paths[1])]
-    assert cache.read_text() == before  # a check with problems writes no cache
-    image_check.check_images(paths, cache=cache, progress=False, cache_when_bad=True)
+    checked = image_check.check_images(paths, cache=cache, progress=False)
+    assert decoded == [str(p) for p in paths] and list(checked.problems) == [str(paths[1])]
+    image_check.write_cache(cache, checked)
     assert list(json.loads(cache.read_text())["images"]) == [str(paths[0].resolve())]
+
+
+def test_a_read_with_bad_input_writes_no_cache_and_a_good_one_does(tmp_path):
+    cache = tmp_path / image_check.CACHE_FILE
+    spec = _coco(tmp_path, {"a.jpg": _jpeg(BLOCKS), "cut.jpg": _truncated()})
+    with pytest.raises(ValueError, match="cut.jpg"):
+        load_source(spec, check_cache=str(cache))
+    assert not cache.exists()
+    load_source(spec, check_cache=str(cache), skip_bad_images=True, log=lambda line: None)
+    assert list(json.loads(cache.read_text())["images"]) == [str(tmp_path / "img" / "a.jpg")]

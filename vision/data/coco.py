@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from tfx_transformer import checks
-from vision.data.image_check import check_images
+from vision.data.image_check import check_images, write_cache
 
 __all__ = ["CocoData", "CocoImage", "read_coco", "split_images"]
 
@@ -235,7 +235,8 @@ def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = Tru
         skip_bad_images: Leave out the image files that cannot be used (missing, not
             decodable, truncated, over the decompression-bomb limit) and their annotations,
             recorded in `CocoData.skipped`, instead of raising.
-        cache: The check's cache file (`vision.data.image_check.CACHE_FILE`), or None.
+        cache: The check's cache file (`vision.data.image_check.CACHE_FILE`), or None. It is
+            written only when the data is read without error.
         progress: Show the check's progress bar.
 
     Returns:
@@ -258,9 +259,10 @@ def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = Tru
 
     paths = [os.path.join(images_dir, image["file_name"]) for image in content["images"]]
     problems: dict[str, str] = {}
+    checked = None
     if check_files:
-        found, problems = check_images(paths, cache=cache, cache_when_bad=skip_bad_images,
-                                       progress=progress)
+        checked = check_images(paths, cache=cache, progress=progress)
+        found, problems = checked.sizes, checked.problems
         if problems and not skip_bad_images:
             raise _bad_files_error(annotations_path, problems, len(set(paths)))
         sizes = [found.get(path, (None, None)) for path in paths]
@@ -285,6 +287,8 @@ def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = Tru
             by_image[image["id"]], height, width, labels_of)
         images.append(CocoImage(image["id"], image["file_name"], path, height, width, boxes,
                                 labels, crowd_boxes, crowd_labels))
+    if checked is not None and cache is not None:
+        write_cache(cache, checked)
     return CocoData(
         images=tuple(images),
         class_names=tuple(str(c.get("name", c["id"])) for c in categories),

@@ -19,12 +19,13 @@ import json
 import os
 import warnings
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import tensorflow as tf
 
 from vision.data.decode import DECODABLE, decode_image
 
-__all__ = ["CACHE_FILE", "check_images"]
+__all__ = ["CACHE_FILE", "CheckedImages", "check_images", "write_cache"]
 
 CACHE_FILE = "image_check.json"
 
@@ -80,32 +81,48 @@ def _read_cache(path: str | None) -> dict:
         return {}  # a broken cache is decoded again, then rewritten
 
 
-def _write_cache(path: str, entries: dict) -> None:
-    temporary = f"{path}.tmp"
+class CheckedImages(NamedTuple):
+    """What `check_images` found.
+
+    Attributes:
+        sizes: ``{path: (height, width)}`` of the displayed images that can be used.
+        problems: ``{path: reason}`` of the files that cannot be used.
+        entries: The cache entries of the usable files (for `write_cache`).
+        decoded: Number of files decoded (not found in the cache).
+    """
+
+    sizes: dict
+    problems: dict
+    entries: dict
+    decoded: int
+
+
+def write_cache(cache: str | os.PathLike, checked: CheckedImages) -> None:
+    """Writes the usable files of ``checked`` to ``cache`` (atomically), if any was decoded.
+
+    Call it once the run goes on, so that a run stopped by bad input leaves no new file."""
+    if not checked.decoded:
+        return
+    temporary = f"{os.fspath(cache)}.tmp"
     with open(temporary, "w", encoding="utf-8") as f:
-        json.dump({"images": entries}, f)
-    os.replace(temporary, path)
+        json.dump({"images": checked.entries}, f)
+    os.replace(temporary, cache)
 
 
 def check_images(paths: Iterable[str], *, cache: str | os.PathLike | None = None,
-                 cache_when_bad: bool = False, progress: bool = True,
-                 workers: int | None = None) -> tuple[dict, dict]:
+                 progress: bool = True, workers: int | None = None) -> CheckedImages:
     """Decodes every image file (in threads) and returns the sizes and the problems.
 
     Args:
         paths: Image files.
-        cache: A `CACHE_FILE` to read results from and to write them to when no file has a
-            problem (so that a run stopped by bad files leaves no new file behind). None: no
-            cache.
-        cache_when_bad: Write ``cache`` even when some files have problems (they are left
-            out of it), for a run that goes on without them.
+        cache: A `CACHE_FILE` whose results are used for files of the same size and
+            modification time (`write_cache` writes it). None: no cache.
         progress: Show a progress bar while decoding (files found in the cache are not
             decoded again).
         workers: Decoding threads (default: the CPU count, at most 8).
 
     Returns:
-        ``(sizes, problems)``: ``{path: (height, width)}`` of the displayed images and
-        ``{path: reason}`` of the files that cannot be used, each in the order of ``paths``.
+        The `CheckedImages`, each dict in the order of ``paths``.
     """
     from PIL import Image  # only needed to check files
 
@@ -137,6 +154,5 @@ def check_images(paths: Iterable[str], *, cache: str | os.PathLike | None = None
                     bar.update(i + 1)
     sizes = {p: r for p, r in ((p, results[p]) for p in paths) if not isinstance(r, str)}
     problems = {p: r for p, r in ((p, results[p]) for p in paths) if isinstance(r, str)}
-    if cache is not None and todo and (cache_when_bad or not problems):
-        _write_cache(cache, {os.path.abspath(p): [*stamps[p], *sizes[p]] for p in sizes})
-    return sizes, problems
+    entries = {os.path.abspath(p): [*stamps[p], *sizes[p]] for p in sizes}
+    return CheckedImages(sizes, problems, entries, len(todo))
