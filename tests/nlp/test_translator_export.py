@@ -85,6 +85,18 @@ def test_loaded_translator_equals_in_process_decoding(exported, loaded):
     assert _texts(loaded[1]) == greedy
 
 
+def test_an_empty_batch_translates_to_an_empty_result(exported):
+    signatures = tf.saved_model.load(str(exported[2])).signatures
+    empty = tf.zeros([0], tf.string)
+    for name in (serving.SERVING, serving.GREEDY):
+        out = signatures[name](text=empty)[serving.OUTPUT_KEY]
+        assert (tuple(out.shape), out.dtype) == ((0,), tf.string)
+    nbest = signatures[serving.NBEST](text=empty)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in nbest.items()} == {
+        serving.HYPOTHESES_KEY: ((0, DECODING.beam_size), tf.string),
+        serving.SCORES_KEY: ((0, DECODING.beam_size), tf.float32)}
+
+
 def _reference_nbest(model, tokenizer, texts, decoding):
     """n-best lists computed without the export: Python tokenization, then `search`."""
     sources = [tokenizer.encode(text) + [EOS_ID] for text in texts]

@@ -16,12 +16,15 @@ import re
 import shlex
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from unittest import mock
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
@@ -89,6 +92,15 @@ def fx(tmp_path_factory):
     for name, (h, w) in SIZES.items():
         Image.new("RGB", (w, h), (40, 120, 200)).save(img / name)
     (img / "broken.png").write_bytes(b"this is no image")
+    jpeg = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(jpeg, format="JPEG")  # most bytes after the header
+    for i in range(5):  # partial downloads: the header is whole, the pixels are not
+        (img / f"trunc{i}.jpg").write_bytes(jpeg.getvalue()[: len(jpeg.getvalue()) // 2])
+    (img / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"".join(  # 900 M pixels, it says
+        struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        for kind, data in ((b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)),
+                           (b"IDAT", zlib.compress(b"")), (b"IEND", b""))))
     (fx / "invalid.json").write_text('{"images": [')
     images = _images()
     for name, kwargs in {
@@ -99,6 +111,10 @@ def fx(tmp_path_factory):
         "ann_int": dict(annotations=[_box([1, 1, 4, 4]), 5]), "ann_notlist": dict(annotations=5),
         "gone_image": dict(images=[*images, {"id": 4, "file_name": "gone.png"}]),
         "broken_image": dict(images=[*images, {"id": 4, "file_name": "broken.png"}]),
+        "truncated_image": dict(images=[*images, {"id": 4, "file_name": "trunc0.jpg"}]),
+        "bomb_image": dict(images=[*images, {"id": 4, "file_name": "bomb.png"}]),
+        "bad_images": dict(images=[*images, *({"id": 4 + i, "file_name": f"trunc{i}.jpg"}
+                                              for i in range(5))]),
         "size_mismatch": dict(images=[{**images[0], "width": 99}, *images[1:]]),
         "unknown_cat": dict(annotations=[_box([1, 1, 4, 4], category_id=42)]),
         "other_ids": dict(annotations=[], categories=[{**c, "id": c["id"] + 3}
@@ -244,6 +260,11 @@ CASES += [  # bad choices, data files, work-directory states and models
     C("detr-image-missing", COCO + "gone_image.json", "gone.png"),
     C("detr-image-broken", COCO + "broken_image.json", "broken.png"),
     C("detr-image-size", COCO + "size_mismatch.json", "0.png", "99"),
+    C("detr-image-truncated", COCO + "truncated_image.json", "trunc0.jpg", "truncated",
+      "--skip-bad-images"),
+    C("detr-image-bomb", COCO + "bomb_image.json", r"bomb\.png.: too large", "900000000"),
+    C("detr-images-bad", COCO + "bad_images.json", r"error: 5 of the 8 image files",
+      r"trunc0.*trunc1.*trunc2.*; and 2 more\."),
     C("detr-unknown-category", COCO + "unknown_cat.json", "unknown_cat.json", "42"),
     C("detr-too-many-objects", COCO + "good.json --num-queries 1", r"[012]\.png"),
     C("detr-workdir-file", DETR, F("--workdir"), "director", state="file"),
@@ -258,6 +279,7 @@ CASES += [  # bad choices, data files, work-directory states and models
     C("evaldetr-scheme", EVAL_DETR + "detector --data foo:x", "foo"),
     C("evaldetr-coco-missing", EVAL_COCO + "missing.json", "missing.json"),
     C("evaldetr-bbox-str", EVAL_COCO + "bbox_str.json", "bbox_str.json", "annotation"),
+    C("evaldetr-image-truncated", EVAL_COCO + "truncated_image.json", "trunc0.jpg"),
     C("evaldetr-other-ids", EVAL_COCO + "other_ids.json", "categor"),
     C("quick-workdir-file", QUICK, F("--workdir"), "director", state="file"),
     C("quick-metrics-list", QUICK, "metrics.json", state="quick_metrics_list"),

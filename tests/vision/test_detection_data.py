@@ -117,10 +117,10 @@ def test_coco_validation_holdout_is_deterministic(coco_files):
 def test_coco_bad_files_are_named(coco_files):
     folder, path, content = coco_files
     (folder / "gray.png").write_bytes(b"this is no image")
-    with pytest.raises(ValueError, match="Cannot read image file.*gray.png"):
+    with pytest.raises(ValueError, match="gray.png.: not a readable image"):
         data.load_source(f"coco:{folder}:{path}")
     (folder / "gray.png").unlink()
-    with pytest.raises(ValueError, match="not found.*gray.png"):
+    with pytest.raises(ValueError, match="gray.png.: not found"):
         data.load_source(f"coco:{folder}:{path}")
     _image(folder / "gray.png", "L", (21, 50), 0)
     with pytest.raises(ValueError, match="gray.png.*21x50.*20x50"):

@@ -4,7 +4,8 @@ For each IMAGE writes OUTDIR/<name>.png (the image with labelled boxes) and OUTD
 (its detections above the threshold: label, class_id, score, box [x0, y0, x1, y1] in pixels).
 An image that cannot be read (missing, not a file, not a JPEG/PNG/GIF/BMP/WebP image) is
 reported on stderr ("error: cannot read image ...") and skipped; the exit code is then 1. Any
-readable image is detected in, whatever its size or aspect ratio.
+readable image is detected in, whatever its size or aspect ratio, as displayed: a JPEG's EXIF
+orientation is applied (boxes, width and height are those of the upright photo).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfx_transformer.training.cli import run_cli  # noqa: E402
+from vision.data.decode import decode_image  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
 from vision.serving import load_detector  # noqa: E402
 
@@ -37,20 +39,24 @@ def _output_name(path: str, taken: set[str]) -> str:
     return name
 
 
+_decode = tf.function(decode_image, input_signature=[tf.TensorSpec([], tf.string)])
+
+
 class UnreadableImageError(Exception):
     """An image file that cannot be opened or decoded; the message says why."""
 
 
 def read_image(path: str) -> np.ndarray:
-    """The file's pixels, ``(H, W, 3)`` uint8 (as the export decodes them: grayscale and RGBA
-    converted, first GIF frame); `UnreadableImageError` when it cannot be read or decoded."""
+    """The file's pixels as displayed, ``(H, W, 3)`` uint8 (as the export's ``serving_bytes``
+    decodes them: a JPEG's EXIF orientation applied, grayscale and RGBA converted, first GIF
+    frame); `UnreadableImageError` when it cannot be read or decoded."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as error:
         raise UnreadableImageError(error.strerror or str(error)) from None
     try:
-        return tf.io.decode_image(data, channels=3, expand_animations=False).numpy()
+        return _decode(tf.constant(data)).numpy()
     except tf.errors.OpError as error:
         raise UnreadableImageError(f"not a decodable image ({' '.join(error.message.split())})"
                                    ) from None

@@ -35,11 +35,14 @@ def command(argv=None) -> int:
     parser.add_argument("--batch-size", type=positive(int), default=8,
                         help="most images per call (consecutive images of one size)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the embedded data")
+    parser.add_argument("--skip-bad-images", action="store_true",
+                        help="coco: score without the image files that cannot be decoded")
     parser.add_argument("--verbose", action="store_true",
                         help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
     detector = load_detector(args.model)
-    source = load_source(args.data, seed=args.seed)
+    source = load_source(args.data, seed=args.seed, skip_bad_images=args.skip_bad_images,
+                         log=lambda *line: print(*line, file=sys.stderr))
     try:
         label_map = match_labels(detector.class_names, detector.category_ids,
                                  source.class_names, source.category_ids)

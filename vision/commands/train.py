@@ -49,11 +49,15 @@ def command(argv=None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     add_run_arguments(parser, (*COMMON_RUN_FLAGS, "eval_limit"), mixed_precision="auto")
     add_override_arguments(parser, CONFIG_FLAGS)
+    parser.add_argument("--skip-bad-images", action="store_true",
+                        help="coco: train without the image files that cannot be decoded "
+                             "(and their annotations) instead of stopping with their names")
     args = parser.parse_args(argv)
     if args.backbone_weights is not None and not os.path.isfile(args.backbone_weights):
         parser.error(f"--backbone-weights: no such file {args.backbone_weights!r}")
     config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
-    scores = train_detr(args.data, args.workdir, config, run_options_from_args(args))
+    scores = train_detr(args.data, args.workdir, config, run_options_from_args(args),
+                        skip_bad_images=args.skip_bad_images)
     print("validation:", " ".join(f"{k} {v}" for k, v in scores.items()))
     return 0
 

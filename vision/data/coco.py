@@ -12,14 +12,15 @@ What is kept, following the usual DETR / detectron2 loaders:
 The file is checked where it is read: a malformed entry (an image without `file_name`, an
 annotation that is not an object, a `bbox` that is not four finite numbers, ...) is a
 ValueError naming the file, the entry (`images[3]`, `annotations[7]` and its id) and, for an
-annotation, its image. Each image file is checked up front too (exists, is an image TensorFlow
-can decode, and has the size the JSON records), so a bad file is reported by name before any
-training starts.
+annotation, its image. Each image file is decoded up front too (`vision.data.image_check`:
+it exists, is complete and decodable, is not over PIL's decompression-bomb limit, and has the
+size the JSON records, the size displayed with its EXIF orientation), so bad files are
+reported by name before any training starts, or left out with their annotations
+(``skip_bad_images``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -29,11 +30,11 @@ import os
 import numpy as np
 
 from tfx_transformer import checks
+from vision.data.image_check import check_images, write_cache
 
 __all__ = ["CocoData", "CocoImage", "read_coco", "split_images"]
 
-# Formats `tf.io.decode_image` reads, as PIL names them.
-_DECODABLE = ("JPEG", "PNG", "GIF", "BMP", "WEBP")
+_LISTED = 3  # bad image files named in the error
 
 
 def _no_boxes() -> np.ndarray:
@@ -79,11 +80,15 @@ class CocoData:
         images: The images in file order.
         class_names: Name of each contiguous label.
         category_ids: The COCO category id of each contiguous label.
+        skipped: ``(path, reason)`` of each image file left out (``skip_bad_images``).
+        skipped_annotations: Number of annotations of those images.
     """
 
     images: tuple[CocoImage, ...]
     class_names: tuple[str, ...]
     category_ids: tuple[int, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+    skipped_annotations: int = 0
 
 
 def _short(value, limit: int = 80) -> str:
@@ -188,24 +193,6 @@ def _annotations_by_image(path: str, content: dict, labels_of: dict) -> dict[int
     return by_image
 
 
-def _image_size(path: str) -> tuple[int, int]:
-    """(height, width) of an image file; ValueError naming it when it cannot be read."""
-    from PIL import Image, UnidentifiedImageError  # Only needed to check files.
-
-    if not os.path.isfile(path):
-        raise ValueError(f"Image file not found: {path!r}")
-    try:
-        with Image.open(path) as image:
-            image_format, (width, height) = image.format, image.size
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"Cannot read image file {path!r}: {error}") from None
-    if image_format not in _DECODABLE:
-        raise ValueError(
-            f"Image file {path!r} is {image_format}; supported formats: {', '.join(_DECODABLE)}."
-        )
-    return height, width
-
-
 def _boxes(annotations: list[dict], height: int, width: int, labels_of: dict):
     """`(boxes, labels, crowd_boxes, crowd_labels)` of one image's checked annotations."""
     kept: dict[bool, tuple[list, list]] = {False: ([], []), True: ([], [])}
@@ -225,14 +212,32 @@ def _boxes(annotations: list[dict], height: int, width: int, labels_of: dict):
     )
 
 
-def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = True) -> CocoData:
+def _bad_files_error(annotations_path: str, problems: dict, total: int) -> ValueError:
+    listed = "; ".join(f"{path!r}: {reason}" for path, reason in list(problems.items())[:_LISTED])
+    more = f"; and {len(problems) - _LISTED} more" if len(problems) > _LISTED else ""
+    return ValueError(
+        f"{len(problems)} of the {total} image files of {annotations_path} cannot be used: "
+        f"{listed}{more}. Replace or remove them, or leave them out with their annotations "
+        "(--skip-bad-images, `skip_bad_images=True`).")
+
+
+def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = True,
+              skip_bad_images: bool = False, cache: str | os.PathLike | None = None,
+              progress: bool = True) -> CocoData:
     """Reads a COCO-format annotations file and the images it lists.
 
     Args:
         images_dir: Folder the images' `file_name`s are relative to.
         annotations_path: The annotations JSON (`images`, `annotations`, `categories`).
-        check_files: Open every image header to check that it exists, is decodable and has the
-            recorded size (in parallel threads). Turn off only for trusted, very large sets.
+        check_files: Decode every image file once (in parallel threads,
+            `vision.data.image_check.check_images`) to check that it exists, decodes and has
+            the recorded size. Turn off only for trusted, very large sets.
+        skip_bad_images: Leave out the image files that cannot be used (missing, not
+            decodable, truncated, over the decompression-bomb limit) and their annotations,
+            recorded in `CocoData.skipped`, instead of raising.
+        cache: The check's cache file (`vision.data.image_check.CACHE_FILE`), or None. It is
+            written only when the data is read without error.
+        progress: Show the check's progress bar.
 
     Returns:
         The `CocoData`.
@@ -241,8 +246,9 @@ def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = Tru
         ValueError: Missing or malformed JSON (no images, an entry that is not an object, an
             image without `file_name`, an annotation without a valid `bbox` or naming an
             unknown image or category, ...; the message names the file, the entry's index and
-            its image); a missing or unreadable image file, or one whose size differs from the
-            JSON's `width`/`height` (boxes would not match it). The message names the file.
+            its image); image files that cannot be used (without ``skip_bad_images``: the
+            first few named, and their count), or one whose size differs from the JSON's
+            `width`/`height` (boxes would not match it; named).
     """
     images_dir, annotations_path = os.fspath(images_dir), os.fspath(annotations_path)
     content = _load_json(annotations_path)
@@ -252,30 +258,43 @@ def read_coco(images_dir: str, annotations_path: str, *, check_files: bool = Tru
     by_image = _annotations_by_image(annotations_path, content, labels_of)
 
     paths = [os.path.join(images_dir, image["file_name"]) for image in content["images"]]
+    problems: dict[str, str] = {}
+    checked = None
     if check_files:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
-            sizes = list(pool.map(_image_size, paths))
+        checked = check_images(paths, cache=cache, progress=progress)
+        found, problems = checked.sizes, checked.problems
+        if problems and not skip_bad_images:
+            raise _bad_files_error(annotations_path, problems, len(set(paths)))
+        sizes = [found.get(path, (None, None)) for path in paths]
     else:
         sizes = [(image.get("height"), image.get("width")) for image in content["images"]]
-    images = []
+    images, skipped_annotations = [], 0
     for image, path, (height, width) in zip(content["images"], paths, sizes):
+        if path in problems:
+            skipped_annotations += len(by_image[image["id"]])
+            continue
         if height is None or width is None:
             raise ValueError(f"{annotations_path}: image {path!r} records no width and height "
                              "(needed with check_files=False).")
         recorded = (image.get("height", height), image.get("width", width))
         if recorded != (height, width):
             raise ValueError(
-                f"Image file {path!r} is {width}x{height} pixels but {annotations_path} records "
-                f"{recorded[1]}x{recorded[0]} (width x height); its boxes would not match."
+                f"Image file {path!r} is {width}x{height} pixels (as displayed: EXIF "
+                f"orientation applied) but {annotations_path} records {recorded[1]}x"
+                f"{recorded[0]} (width x height); its boxes would not match."
             )
         boxes, labels, crowd_boxes, crowd_labels = _boxes(
             by_image[image["id"]], height, width, labels_of)
         images.append(CocoImage(image["id"], image["file_name"], path, height, width, boxes,
                                 labels, crowd_boxes, crowd_labels))
+    if checked is not None and cache is not None:
+        write_cache(cache, checked)
     return CocoData(
         images=tuple(images),
         class_names=tuple(str(c.get("name", c["id"])) for c in categories),
         category_ids=tuple(c["id"] for c in categories),
+        skipped=tuple(problems.items()),
+        skipped_annotations=skipped_annotations,
     )
 
 

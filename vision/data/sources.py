@@ -4,7 +4,9 @@ Data specs:
 
 - `embedded`: the synthetic shapes of `vision.data.shapes` (3 classes), generated on the fly.
 - `coco:IMAGES_DIR:ANNOTATIONS.json`: COCO-format files (`vision.data.coco`); a deterministic
-  `valid_fraction` of the images is held out for validation.
+  `valid_fraction` of the images is held out for validation. Each file is decoded as displayed
+  (`vision.data.decode`: EXIF orientation applied) and, with `max_side`, shrunk on read to that
+  longer side, its boxes with it.
 - `tfds:NAME`: a TensorFlow Datasets detection set with `objects/bbox` and `objects/label`,
   e.g. `tfds:coco/2017` or `tfds:voc/2007`; crowd boxes (`objects/is_crowd`) are dropped. Its
   "train" and "validation" splits are used; it must already be prepared in `data_dir`.
@@ -31,7 +33,7 @@ import tensorflow as tf
 from tfx_transformer import checks
 from tfx_transformer.training import data_spec
 from tfx_transformer.training.data_spec import DataSpec
-from vision.data import coco, shapes, tfds_source
+from vision.data import coco, decode, shapes, tfds_source
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 
 __all__ = [
@@ -231,7 +233,7 @@ def _embedded_split(generator: shapes.ShapesGenerator, size: int, id_offset: int
     return _Split(build, size, counts, generator.max_objects)
 
 
-def _coco_split(images: tuple[coco.CocoImage, ...]) -> _Split:
+def _coco_split(images: tuple[coco.CocoImage, ...], max_side: int | None) -> _Split:
     lengths = [len(image.labels) for image in images]
 
     def ragged(field: str, empty: np.ndarray) -> tf.RaggedTensor:
@@ -251,7 +253,8 @@ def _coco_split(images: tuple[coco.CocoImage, ...]) -> _Split:
                              ("crowd_labels", np.zeros((0,), np.int32))):
             table[field] = ragged(field, empty)
         ds = _shuffled(tf.data.Dataset.from_tensor_slices(table), len(images), shuffle, seed)
-        return ds.map(_decode_file, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.map(lambda row: _decode_file(row, max_side),
+                      num_parallel_calls=tf.data.AUTOTUNE)
 
     def counts():
         for image in images:
@@ -260,11 +263,16 @@ def _coco_split(images: tuple[coco.CocoImage, ...]) -> _Split:
     return _Split(build, len(images), counts, max(lengths, default=0))
 
 
-def _decode_file(row: dict) -> dict:
-    image = tf.io.decode_image(tf.io.read_file(row["path"]), channels=3, expand_animations=False)
-    image.set_shape([None, None, 3])
-    return {"image": image, "image_id": row["image_id"],
-            **{key: row[key] for key in ("boxes", "labels", "crowd_boxes", "crowd_labels")}}
+def _decode_file(row: dict, max_side: int | None) -> dict:
+    image = decode.decode_image(tf.io.read_file(row["path"]))
+    boxes, crowd_boxes = row["boxes"], row["crowd_boxes"]
+    if max_side is not None:
+        image, scale = decode.shrink(image, max_side)  # scale: (2,) (y, x)
+        scale = tf.stack([scale[1], scale[0], scale[1], scale[0]])
+        boxes, crowd_boxes = boxes * scale, crowd_boxes * scale
+    return {"image": image, "image_id": row["image_id"], "boxes": boxes,
+            "crowd_boxes": crowd_boxes, "labels": row["labels"],
+            "crowd_labels": row["crowd_labels"]}
 
 
 def load_source(
@@ -277,6 +285,10 @@ def load_source(
     embedded_size: int = 128,
     embedded_min_size: int | None = None,
     data_dir: str | None = None,
+    max_side: int | None = None,
+    skip_bad_images: bool = False,
+    check_cache: str | None = None,
+    log: Callable[..., None] = print,
 ) -> DetectionSource:
     """Opens the detection data named by a `--data` spec.
 
@@ -290,24 +302,36 @@ def load_source(
         embedded_min_size: If set, `embedded` heights and widths vary in
             `[embedded_min_size, embedded_size]`.
         data_dir: TensorFlow Datasets directory for `tfds:`.
+        max_side: `coco:` images whose longer side is larger are shrunk to it on read (the
+            boxes with them), so the pipeline never holds full-size huge photos. Training
+            passes its longest resized side. None: full size.
+        skip_bad_images: Leave out `coco:` image files that cannot be used, and their
+            annotations (logged with their count), instead of raising.
+        check_cache: Cache file of the `coco:` image check (`vision.data.image_check`).
+        log: Where the line about skipped images goes.
 
     Returns:
         The `DetectionSource`.
 
     Raises:
-        ValueError: Unknown scheme, bad arguments, or unreadable `coco:` files (named).
+        ValueError: Unknown scheme, bad arguments, or unusable `coco:` files (named; without
+            `skip_bad_images`).
     """
     scheme, arguments = parse_data_spec(spec)
     if scheme == "tfds":
         names, builders = tfds_source.tfds_splits(arguments[0], data_dir)
         return DetectionSource(spec, names, {k: _Split(b, None) for k, b in builders.items()})
     if scheme == "coco":
-        data = coco.read_coco(*arguments)
+        checks.positive_int("max_side", max_side, optional=True)
+        data = coco.read_coco(*arguments, skip_bad_images=skip_bad_images, cache=check_cache)
+        if data.skipped:
+            names = ", ".join(repr(path) for path, _ in data.skipped[:3])
+            log(f"skipped {len(data.skipped)} bad image files ({names}"
+                f"{', ...' if len(data.skipped) > 3 else ''}) and their "
+                f"{data.skipped_annotations} annotations")
         train, valid = coco.split_images(data.images, valid_fraction)
-        return DetectionSource(
-            spec, data.class_names, {"train": _coco_split(train), "valid": _coco_split(valid)},
-            category_ids=data.category_ids,
-        )
+        splits = {"train": _coco_split(train, max_side), "valid": _coco_split(valid, max_side)}
+        return DetectionSource(spec, data.class_names, splits, category_ids=data.category_ids)
     for name, value in (("num_train", num_train), ("num_valid", num_valid)):
         checks.integer(name, value, minimum=0, maximum=1_000_000)
     make = dict(seed=seed, image_size=embedded_size, min_image_size=embedded_min_size)

@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from tfx_transformer.training.export_dir import write_export_dir
 from vision.data.augment import normalize_image, resized_shape
+from vision.data.decode import decode_image
 from vision.modeling.postprocess import postprocess
 from vision.serving import (
     BYTES_KEY,
@@ -60,6 +61,9 @@ def preprocess_images(images, image_size: int, max_size: int | None) -> tuple[di
         with ``sizes`` the original ``(H, W)`` of each image.
     """
     shape = tf.shape(images)
+    tf.debugging.assert_positive(
+        shape[1:3], message=f"`{IMAGES_KEY}` must be (B, H, W, 3) with H and W of at least 1 "
+                            "pixel; received an image of zero height or width")
     height, width = resized_shape(shape[1], shape[2], image_size, max_size)
     resized = tf.image.resize(images, tf.stack([height, width]), antialias=True)
     mask = tf.ones(tf.stack([shape[0], height, width]), tf.bool)
@@ -70,7 +74,8 @@ def preprocess_images(images, image_size: int, max_size: int | None) -> tuple[di
 def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
     """Decodes encoded images (JPEG, PNG, GIF, BMP, WebP) of any sizes into one padded batch.
 
-    Each image is decoded to RGB (grayscale and RGBA converted, first GIF frame), resized and
+    Each image is decoded to RGB (grayscale and RGBA converted, first GIF frame) as displayed
+    (a JPEG's EXIF orientation applied: `vision.data.decode.decode_image`), resized and
     normalized on its own, then the batch is zero-padded to the largest one, with the mask
     marking real pixels, exactly as ``vision.data.batching.make_batches`` pads.
 
@@ -81,7 +86,7 @@ def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
         As `preprocess_images`.
     """
     def one(data):
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
+        image = decode_image(data)
         shape = tf.shape(image)
         height, width = resized_shape(shape[0], shape[1], image_size, max_size)
         resized = tf.image.resize(image, tf.stack([height, width]), antialias=True)
@@ -103,11 +108,21 @@ def _detections(model, inputs: dict, sizes) -> dict:
     return {key: post[key] for key in OUTPUT_KEYS}
 
 
+def _no_detections(model) -> dict:
+    """The outputs of an empty batch: ``(0, Q, 4)``, ``(0, Q)``, ``(0, Q)``."""
+    queries = model.num_queries
+    return {"boxes": tf.zeros([0, queries, 4], tf.float32),
+            "scores": tf.zeros([0, queries], tf.float32),
+            "labels": tf.zeros([0, queries], tf.int32)}
+
+
 def _serving(model, image_size: int, max_size: int | None, from_bytes: bool) -> Callable:
     prepare = decode_and_preprocess if from_bytes else preprocess_images
 
     def detect(images):
-        return _detections(model, *prepare(images, image_size, max_size))
+        return tf.cond(tf.shape(images)[0] > 0,
+                       lambda: _detections(model, *prepare(images, image_size, max_size)),
+                       lambda: _no_detections(model))
 
     return detect
 
@@ -123,7 +138,8 @@ def make_detect_fn(model, image_size: int, max_size: int | None, from_bytes: boo
 
     Returns:
         A `tf.function` returning ``{"boxes": (B, Q, 4) xyxy pixels of the input image,
-        "scores": (B, Q), "labels": (B, Q) int32}``.
+        "scores": (B, Q), "labels": (B, Q) int32}``; empty outputs for an empty batch. An image
+        of zero height or width fails with an `InvalidArgumentError` that says so.
     """
     return tf.function(_serving(model, image_size, max_size, from_bytes),
                        input_signature=[BYTES_SPEC if from_bytes else IMAGES_SPEC])
@@ -136,8 +152,10 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
 
     Signatures: ``serving_default`` (``images`` uint8 ``(B, H, W, 3)``) and ``serving_bytes``
     (``image_bytes`` tf.string ``(B,)``), both returning ``boxes`` ``(B, Q, 4)`` float32 xyxy
-    pixels of each input image, ``scores`` ``(B, Q)`` float32 and ``labels`` ``(B, Q)`` int32.
-    Every query is returned; apply a score threshold downstream.
+    pixels of each input image (as displayed: a JPEG's EXIF orientation is applied),
+    ``scores`` ``(B, Q)`` float32 and ``labels`` ``(B, Q)`` int32. Every query is returned;
+    apply a score threshold downstream. An empty batch returns empty outputs (``B = 0``); an
+    image of zero height or width fails with an `InvalidArgumentError` that says so.
 
     The export is written to a temporary directory beside ``path`` and moved into place at the
     end (`tfx_transformer.training.export_dir.write_export_dir`), so a failed export leaves

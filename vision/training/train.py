@@ -20,7 +20,9 @@ from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.schedules import StepDropSchedule
 from tfx_transformer.training.trainer import TaskData, Trainer
 from vision.config import DetrConfig
+from vision.data.augment import DetrSizes
 from vision.data.batching import ObjectLimit, make_batches
+from vision.data.image_check import CACHE_FILE
 from vision.data.sources import load_source
 from vision.modeling.detr import build_criterion, build_model
 from vision.training.evaluate import evaluate_records
@@ -51,24 +53,34 @@ class DetectionTask:
         config: the model, loss, optimizer and data settings (`vision.config.preset`).
         run: the run options (held-out share, seed, ``eval_limit``, ``jit_compile``).
         log: where progress lines go.
+        skip_bad_images: train without the ``coco:`` image files that cannot be used (and
+            their annotations) instead of stopping with their names.
     """
 
     state_files = ()
 
     def __init__(self, data: str, config: DetrConfig, run: RunOptions,
-                 log: Callable[..., None] = print):
+                 log: Callable[..., None] = print, skip_bad_images: bool = False):
         if run.jit_compile and config.matcher_solver == "scipy":
             raise ValueError("`jit_compile=True` needs `matcher_solver='ops'`: the scipy "
                              "matcher is a host callback. Received: matcher_solver='scipy'")
         self.data, self.config, self.run, self.log = data, config, run, log
+        self.skip_bad_images = skip_bad_images
         self.default_epochs = config.epochs
         self.limit = ObjectLimit(config.num_queries)  # DETR needs a query per object
 
     def load_data(self, trainer: Trainer) -> TaskData:
-        """The source and its padded batches (whole global batches with several replicas)."""
+        """The source and its padded batches (whole global batches with several replicas).
+
+        ``coco:`` image files are decoded once up front (the results cached in
+        ``DIR/image_check.json``), and shrunk on read to the longest side training resizes to.
+        """
         data, config, run, log, limit = self.data, self.config, self.run, self.log, self.limit
-        source = self.source = load_source(data, valid_fraction=run.valid_fraction,
-                                           seed=run.seed)
+        source = self.source = load_source(
+            data, valid_fraction=run.valid_fraction, seed=run.seed,
+            max_side=DetrSizes.scaled(config.image_size, config.max_image_size).max_size,
+            skip_bad_images=self.skip_bad_images,
+            check_cache=str(trainer.workdir.root / CACHE_FILE), log=log)
         num_train, num_valid = source.num_examples("train"), source.num_examples("valid")
         if num_train == 0:
             held_out = f" ({num_valid} held out by valid_fraction={run.valid_fraction})" if (
@@ -159,7 +171,7 @@ class DetectionTask:
 
 def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: RunOptions,
                callbacks: Iterable[keras.callbacks.Callback] = (),
-               log: Callable[..., None] = print) -> dict:
+               log: Callable[..., None] = print, skip_bad_images: bool = False) -> dict:
     """Trains DETR on ``data``, writes the work directory, returns validation COCO AP.
 
     Work directory: ``checkpoints/``, ``backup/`` (while running, so a killed run resumes),
@@ -179,6 +191,9 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
             ``jit_compile`` (only with ``config.matcher_solver="ops"``).
         callbacks: extra Keras callbacks for ``fit``.
         log: where progress lines go.
+        skip_bad_images: leave out the ``coco:`` image files that cannot be used (missing,
+            truncated, not decodable, over PIL's decompression-bomb limit) and their
+            annotations; without it they end the run before training, named.
 
     Returns:
         ``metrics.json``'s ``valid`` entry: AP, AP50, AP75 (pycocotools) and n images
@@ -194,4 +209,5 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         vision.data.batching.TooManyObjectsError: an image with more objects than
             ``config.num_queries`` (DETR needs a query per object); a `ValueError`.
     """
-    return Trainer(workdir, run, log).fit(DetectionTask(data, config, run, log), callbacks)
+    task = DetectionTask(data, config, run, log, skip_bad_images=skip_bad_images)
+    return Trainer(workdir, run, log).fit(task, callbacks)
