@@ -75,12 +75,22 @@ class DetectionTask:
         ``coco:`` image files are decoded once up front (the results cached in
         ``DIR/image_check.json``), and shrunk on read to the longest side training resizes to.
         """
+        cache = trainer.workdir.root / CACHE_FILE
+        kept = cache.exists()
+        try:
+            return self._load_data(trainer, str(cache))
+        except BaseException:  # data refused: a check's cache written now goes with the run
+            if not kept:
+                cache.unlink(missing_ok=True)
+            raise
+
+    def _load_data(self, trainer: Trainer, cache: str) -> TaskData:
         data, config, run, log, limit = self.data, self.config, self.run, self.log, self.limit
         source = self.source = load_source(
             data, valid_fraction=run.valid_fraction, seed=run.seed,
             max_side=DetrSizes.scaled(config.image_size, config.max_image_size).max_size,
             skip_bad_images=self.skip_bad_images,
-            check_cache=str(trainer.workdir.root / CACHE_FILE), log=log)
+            check_cache=cache, log=log)
         num_train, num_valid = source.num_examples("train"), source.num_examples("valid")
         if num_train == 0:
             held_out = f" ({num_valid} held out by valid_fraction={run.valid_fraction})" if (
