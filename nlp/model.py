@@ -10,12 +10,13 @@ from keras import ops
 import tfx_transformer as tt
 from nlp.config import NMTConfig
 from nlp.special_ids import PAD_ID
+from tfx_transformer.training.distribute import OptimizerBuiltFirst
 
 __all__ = ["Seq2SeqTransformer", "build_model"]
 
 
 @keras.saving.register_keras_serializable(package="nlp")
-class Seq2SeqTransformer(keras.Model):
+class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
     """Token embedding · √d + sinusoidal positions + dropout → encoder → causal decoder → logits.
 
     With ``tie_embeddings`` one matrix embeds source and target tokens and, transposed,

@@ -411,7 +411,11 @@ def test_stdin_with_a_byte_order_mark_and_umlauts_translates(fx, monkeypatch, ca
 
 
 @pytest.mark.slow
-def test_a_5000_by_10_image_trains_detects_and_scores(tmp_path, monkeypatch, capsys):
+def test_a_5000_by_10_image_is_read_batched_and_scored(fx, tmp_path, monkeypatch, capsys):
+    """train_detr.py's own pipeline (default flags) batches 5000 x 10 images into the first
+    training batch, and evaluate_detr.py scores them. One training step on such a batch and
+    the export's resize of them: tests/vision/test_detection_inputs.py,
+    tests/scripts/test_detr_scripts.py (detect.py)."""
     sizes = {"wide.png": (10, 5000), "tall.png": (5000, 10), "a.png": (40, 60),
              "b.png": (48, 32), "c.png": (36, 36)}
     (img := tmp_path / "img").mkdir()
@@ -420,19 +424,25 @@ def test_a_5000_by_10_image_trains_detects_and_scores(tmp_path, monkeypatch, cap
     _coco(tmp_path / "ann.json", images=_images(sizes))
     monkeypatch.chdir(tmp_path)
     data, work = f"coco:{img}:{tmp_path / 'ann.json'}", tmp_path / "work"
-    # One step of one batch that holds every training image (3 or 4 of the 5).
-    code = _run("train_detr.py", ["--data", data, "--workdir", work, "--max-steps", 1,
-                                  "--batch-size", 4, "--valid-fraction", 0.3])
-    assert code == 0, capsys.readouterr().err[-3000:]
-    metrics = json.loads((work / "metrics.json").read_text())
-    assert metrics["data"]["train_images"] <= 4 and metrics["train"]["stopped_by"] == \
-        "max_steps=1 reached"
-    out = tmp_path / "out"
-    assert _run("detect.py", ["--model", work / "export", "--out", out, "--threshold", 0,
-                              img / "wide.png", img / "tall.png"]) == 0, capsys.readouterr().err
-    report = json.loads((out / "wide.json").read_text())
-    assert (report["height"], report["width"]) == (10, 5000) and report["detections"]
+    batches = []
+
+    def first_batch(train, **kwargs):  # what `fit` would take first, then stop
+        batches.append(next(iter(train)))
+        raise _Stopped("training started")
+
+    monkeypatch.setattr(keras.Model, "fit", mock.Mock(side_effect=first_batch))
+    code = _run("train_detr.py", ["--data", data, "--workdir", work, "--batch-size", 5,
+                                  "--valid-fraction", 0])
+    assert code == "training started", capsys.readouterr().err[-3000:]
+    inputs, targets = batches[0]
+    mask = inputs["mask"].numpy()
+    assert mask.shape[0] == len(sizes)  # every image, the long thin ones among them
+    rows, cols = mask.any(axis=2).sum(axis=1), mask.any(axis=1).sum(axis=1)
+    assert rows.min() >= 1 and cols.min() >= 1 and max(rows.max(), cols.max()) <= 128
+    assert sorted(np.maximum(rows, cols) / np.minimum(rows, cols))[-2] > 20  # still long, thin
+    boxes = targets["boxes"].numpy()[targets["valid"].numpy()]  # cx, cy, w, h in [0, 1]
+    assert len(boxes) and np.all((boxes >= 0) & (boxes <= 1)) and np.all(boxes[:, 2:] > 0)
     capsys.readouterr()
-    assert _run("evaluate_detr.py", ["--model", work / "export", "--data", data]) == 0, \
+    assert _run("evaluate_detr.py", ["--model", fx / "detector", "--data", data]) == 0, \
         capsys.readouterr().err[-3000:]
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["n"] == len(sizes)

@@ -19,9 +19,9 @@ import keras
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["STRATEGIES", "GlobalClipAdam", "broadcast_from_chief", "clip_by_global_norm_of_sum",
-           "get_strategy", "is_chief", "multi_worker_strategy", "num_replicas", "replica_sum",
-           "task_index", "tf_config"]
+__all__ = ["STRATEGIES", "GlobalClipAdam", "OptimizerBuiltFirst", "broadcast_from_chief",
+           "clip_by_global_norm_of_sum", "get_strategy", "is_chief", "multi_worker_strategy",
+           "num_replicas", "replica_sum", "task_index", "tf_config"]
 
 STRATEGIES = ("auto", "mirrored", "multi_worker")
 
@@ -189,6 +189,21 @@ def clip_by_global_norm_of_sum(grads: list, clip_norm: float) -> list:
     scale = clip_norm * ops.minimum(1.0 / norm, 1.0 / clip_norm)
     scale = scale + (norm - norm)  # NaN for an infinite or NaN norm, as Keras's clipping
     return [None if g is None else g * ops.cast(scale, g.dtype) for g in grads]
+
+
+class OptimizerBuiltFirst:
+    """`keras.Model` mixin: the optimizer is built before the train step is traced.
+
+    Without a strategy set, Keras's TensorFlow trainer leaves the optimizer to be built inside
+    the first trace of the train step; `tf.function` then traces the whole step a second time
+    (it must not create variables), which doubles the start-up of every ``fit``. Building it
+    first, from the variables that are trainable when ``fit`` starts, traces once.
+    """
+
+    def make_train_function(self, force=False):
+        if self.optimizer is not None and not self.optimizer.built:
+            self.optimizer.build(self.trainable_variables)
+        return super().make_train_function(force)
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")

@@ -116,12 +116,24 @@ def _no_detections(model) -> dict:
             "labels": tf.zeros([0, queries], tf.int32)}
 
 
-def _serving(model, image_size: int, max_size: int | None, from_bytes: bool) -> Callable:
+def _forward(model) -> Callable:
+    """``_detections`` of ``model`` as one `tf.function`: the signatures of an export call it,
+    so the model is traced once, not once per signature."""
+    specs = ({"images": tf.TensorSpec([None, None, None, 3], tf.float32),
+              "mask": tf.TensorSpec([None, None, None], tf.bool)},
+             tf.TensorSpec([None, 2], tf.int32))
+    return tf.function(lambda inputs, sizes: _detections(model, inputs, sizes),
+                       input_signature=specs)
+
+
+def _serving(model, image_size: int, max_size: int | None, from_bytes: bool,
+             forward: Callable | None = None) -> Callable:
     prepare = decode_and_preprocess if from_bytes else preprocess_images
+    forward = forward or (lambda inputs, sizes: _detections(model, inputs, sizes))
 
     def detect(images):
         return tf.cond(tf.shape(images)[0] > 0,
-                       lambda: _detections(model, *prepare(images, image_size, max_size)),
+                       lambda: forward(*prepare(images, image_size, max_size)),
                        lambda: _no_detections(model))
 
     return detect
@@ -179,9 +191,10 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
     def write(directory):
         archive = keras.export.ExportArchive()
         archive.track(model)
+        forward = _forward(model)
         for name, from_bytes in ((SERVING, False), (BYTES_SIGNATURE, True)):
             archive.add_endpoint(
-                name=name, fn=_serving(model, image_size, max_size, from_bytes),
+                name=name, fn=_serving(model, image_size, max_size, from_bytes, forward),
                 input_signature=[BYTES_SPEC if from_bytes else IMAGES_SPEC],
             )
         archive.write_out(directory, verbose=False)

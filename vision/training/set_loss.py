@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tfx_transformer.training.distribute import num_replicas, replica_sum
+from tfx_transformer.training.distribute import OptimizerBuiltFirst, num_replicas, replica_sum
 from vision.matching.losses import SetCriterion
 from vision.matching.matcher import HungarianMatcher
 from vision.training.optimizer import DetrAdamW
@@ -19,7 +19,7 @@ from vision.training.optimizer import DetrAdamW
 __all__ = ["SetLossModel"]
 
 
-class SetLossModel(keras.Model):
+class SetLossModel(OptimizerBuiltFirst, keras.Model):
     """A `keras.Model` trained on a `SetCriterion` (see the module docstring)."""
 
     criterion: SetCriterion | None = None
