@@ -228,7 +228,7 @@ class TranslationTask:
             ds = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs],
                                                      [t for _, t in pairs]))
             ds = make_batches(ds, self.tokenizer, config.batch_tokens, config.max_length,
-                              shuffle=shuffle, seed=run.seed,
+                              shuffle=shuffle, seed=trainer.data_seed,
                               pad_to_bucket_boundary=run.jit_compile,
                               num_replicas=trainer.replicas)[0]
             # A known length: Keras then ends each epoch there, without "ran out of data".

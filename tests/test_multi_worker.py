@@ -1,16 +1,20 @@
-"""Two real `MultiWorkerMirroredStrategy` workers on 127.0.0.1 train NMT, then DETR.
+"""Real `MultiWorkerMirroredStrategy` workers on 127.0.0.1.
 
-Each worker is its own process with its own ``TF_CONFIG`` and work directory; both run
-`nlp.train.train_nmt` and `vision.training.train.train_detr` for two steps. They must end with the
-same weights (their halves of each global batch differ, so only synchronized steps agree),
-the non-chief must get the chief's tokenizer, and only the chief writes (``export/``,
-``metrics.json``, ``tokenizer.model``). A rerun of the finished NMT run ends at once on
-both. Each process is killed at a deadline, and a worker that fails stops the other one: the
-test fails with both logs and never hangs.
+Two workers train NMT (with ``patience``, to its early stop), then DETR, then rerun the
+finished NMT run. Each worker is its own process with its own ``TF_CONFIG``, work directory
+and temp folder. They must end with the same weights (their halves of each global batch
+differ, so only synchronized steps agree) after the same epoch, the non-chief must get the
+chief's tokenizer, only the chief writes (``export/``, ``metrics.json``, ``tokenizer.model``),
+nothing is left in a temp folder, and a rerun of the finished NMT run ends at once on both.
+A second test kills the chief mid-run: the other worker ends with one ``error:`` line within
+60 s; the same command on both then resumes from the chief's backup, in sync. Each process is
+killed at a deadline, and a worker that fails stops the other one: the tests fail with both
+logs and never hang.
 """
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -44,10 +48,14 @@ WORKER = textwrap.dedent("""
             np.savez(os.path.join(out, self.name + ".npz"), *self.model.get_weights())
 
     run = RunOptions(strategy="multi_worker", max_steps=2, eval_limit=1)
-    nmt = nmt_preset("tiny", valid_sentences=0, vocab_size=300, d_model=16, num_heads=2,
-                     ffn_dim=32, num_encoder_layers=1, num_decoder_layers=1, beam_size=1,
-                     extra_length=2)
-    train_nmt("embedded", os.path.join(out, "nmt"), nmt, run, callbacks=[KeepWeights("nmt")])
+    # Patience on the chief's held-out BLEU, which only the chief computes: every worker
+    # stops after the epoch the chief stops after.
+    nmt = nmt_preset("tiny", valid_sentences=2, patience=1, vocab_size=120, d_model=16,
+                     num_heads=2, ffn_dim=32, num_encoder_layers=1, num_decoder_layers=1,
+                     beam_size=1, extra_length=2, batch_tokens=400)
+    nmt_run = RunOptions(strategy="multi_worker", epochs=5, eval_limit=1, valid_fraction=0.1)
+    data = "tsv:" + sys.argv[2]
+    train_nmt(data, os.path.join(out, "nmt"), nmt, nmt_run, callbacks=[KeepWeights("nmt")])
     detr = detr_preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=8,
                        num_encoder_layers=1, num_decoder_layers=1, tiny_filters=(8, 16),
                        batch_size=2, image_size=32, max_image_size=32)
@@ -55,7 +63,7 @@ WORKER = textwrap.dedent("""
                callbacks=[KeepWeights("detr")])
     # A rerun of the finished run: every worker reads the chief's run.json and stops at once
     # (alone, the other worker would wait in fit for a chief that never comes).
-    print("RERUN", train_nmt("embedded", os.path.join(out, "nmt"), nmt, run), flush=True)
+    print("RERUN", train_nmt(data, os.path.join(out, "nmt"), nmt, nmt_run), flush=True)
     print("WORKER DONE", flush=True)
     sys.stderr.flush()
     os._exit(0)  # the collective runtime's teardown only costs time here
@@ -73,43 +81,72 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _run_workers(tmp_path, count: int = 2) -> list[str]:
-    """Runs ``count`` workers to the end; returns their logs. Fails on an error or timeout."""
-    ports = _free_ports(count)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-    procs, logs = [], []
-    for index in range(count):
-        out = tmp_path / f"worker-{index}"
-        out.mkdir()
-        config = {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        env = {**os.environ, "TF_CONFIG": json.dumps(config), "TF_CPP_MIN_LOG_LEVEL": "3",
-               "KERAS_BACKEND": "tensorflow", "CUDA_VISIBLE_DEVICES": ""}
-        env.pop("TFX_TRANSFORMER_FAULT", None)
-        log = open(tmp_path / f"worker-{index}.log", "w")
-        logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(out)], cwd=ROOT,
-                                      env=env, stdout=log, stderr=subprocess.STDOUT))
-    deadline, failed = time.monotonic() + DEADLINE_S, None
+def _pairs(tmp_path):
+    from nlp.data.embedded import generate_pairs
+
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{a}\t{b}\n" for a, b in generate_pairs(60)), encoding="utf-8")
+    return tsv
+
+
+def _start(tmp_path, name, argv, index, ports, fault=None):
+    """Worker ``index`` of ``len(ports)`` running ``argv``, its own temp folder
+    (``tmp_path/NAME-temp-INDEX``); stdout and stderr go to ``NAME-INDEX.out`` / ``.err``."""
+    config = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
+              "task": {"type": "worker", "index": index}}
+    temp = tmp_path / f"{name}-temp-{index}"
+    temp.mkdir()
+    env = {**os.environ, "TF_CONFIG": json.dumps(config), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "KERAS_BACKEND": "tensorflow", "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(temp)}
+    env.pop("TFX_TRANSFORMER_FAULT", None)
+    if fault:
+        env["TFX_TRANSFORMER_FAULT"] = fault
+    with open(tmp_path / f"{name}-{index}.out", "w") as out, \
+            open(tmp_path / f"{name}-{index}.err", "w") as err:
+        return subprocess.Popen([sys.executable, *map(str, argv)], cwd=ROOT, env=env,
+                                stdout=out, stderr=err)
+
+
+def _finish(tmp_path, name, procs, deadline, stop_on_failure=True):
+    """Waits for ``procs`` until ``deadline`` (time.monotonic), or until one fails; kills the
+    others then (a worker left alone would wait for its peer for ever). Returns a report."""
     try:
-        while any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
-            if failed is not None or time.monotonic() > deadline:
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if stop_on_failure and any(p.poll() not in (None, 0) for p in procs):
                 break
-            time.sleep(0.5)
+            time.sleep(0.2)
     finally:
-        for p in procs:  # a worker left alone would wait for its peer for ever
+        for p in procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
-        for log in logs:
-            log.close()
-    texts = [(tmp_path / f"worker-{i}.log").read_text() for i in range(count)]
-    report = "\n".join(f"--- worker {i} (exit {p.returncode}) ---\n{text[-3000:]}"
-                       for i, (p, text) in enumerate(zip(procs, texts)))
-    assert all(p.returncode == 0 for p in procs), (
-        f"worker {failed} failed" if failed is not None else
-        f"the workers did not finish within {DEADLINE_S} s") + "\n" + report
+    return "\n".join(
+        f"--- {name} worker {i} (exit {p.returncode}) ---\n"
+        f"{_read(tmp_path, name, i, 'out')[-2500:]}\n{_read(tmp_path, name, i, 'err')[-2500:]}"
+        for i, p in enumerate(procs))
+
+
+def _read(tmp_path, name, index, kind):
+    return (tmp_path / f"{name}-{index}.{kind}").read_text()
+
+
+def _run_workers(tmp_path) -> list[str]:
+    """Runs the two WORKER processes to the end; returns their logs."""
+    tsv, ports, procs = _pairs(tmp_path), _free_ports(2), []
+    for index in range(2):
+        (tmp_path / f"worker-{index}").mkdir()
+        procs.append(_start(tmp_path, "run", ["-c", WORKER, tmp_path / f"worker-{index}", tsv],
+                            index, ports))
+    report = _finish(tmp_path, "run", procs, time.monotonic() + DEADLINE_S)
+    assert all(p.returncode == 0 for p in procs), report
+    texts = [_read(tmp_path, "run", i, "out") + _read(tmp_path, "run", i, "err")
+             for i in range(2)]
     assert all("WORKER DONE" in text for text in texts), report
+    for index in range(2):  # nothing outlives the run outside its work directory (autograph's
+        # files go at the interpreter's exit, which WORKER skips; the command test checks them)
+        left = [p.name for p in (tmp_path / f"run-temp-{index}").iterdir()
+                if not p.name.startswith("__autograph_generated_file")]
+        assert not left, (index, left)
     return texts
 
 
@@ -124,13 +161,63 @@ def test_two_workers_train_nmt_and_detr_in_sync_and_only_the_chief_writes(tmp_pa
                 np.testing.assert_allclose(a[key], b[key], rtol=1e-6, atol=1e-7,
                                            err_msg=f"{name} weight {key}")
         assert (chief / name / "export").is_dir() and (chief / name / "metrics.json").is_file()
-        assert not (other / name / "export").exists(), name
-        assert not (other / name / "metrics.json").exists(), name
-        steps = json.loads((chief / name / "run.json").read_text())["steps"]
-        assert steps == 2, (name, steps)
+        assert not [p for p in (other / name).rglob("*") if p.is_file() and p.name != ".lock"]
+    assert json.loads((chief / "detr" / "run.json").read_text())["steps"] == 2
+    # NMT: patience 1 on the chief's BLEU, which the other worker never computes; both stopped
+    # after the same epoch (else the other would have waited in the next step for ever).
+    metrics = json.loads((chief / "nmt" / "metrics.json").read_text())
+    epochs = [e["epoch"] for e in metrics["history"]]
+    stopped = metrics["train"]["stopped_by"]
+    assert epochs == list(range(1, len(epochs) + 1)) and all("val_bleu" in e
+                                                            for e in metrics["history"])
+    assert ("did not improve for 1 epochs" in stopped and len(epochs) < 5) or len(epochs) == 5
     assert (chief / "nmt" / "tokenizer.model").is_file()
-    assert not (other / "nmt" / "tokenizer.model").exists()
     assert "tokenizer: received from the chief worker" in other_log
     assert "this run finished earlier" in chief_log and "this run finished earlier" in other_log
     assert "RERUN {}" in other_log and "RERUN {'bleu'" in chief_log
     assert "2 replica(s)" in chief_log  # DETR's model line: the global batch is split in two
+
+
+KILL_WITHIN_S = 60
+
+
+@pytest.mark.slow
+def test_a_killed_chief_ends_the_other_worker_and_the_same_command_resumes_both(tmp_path):
+    tsv = _pairs(tmp_path)
+    command = lambda index: [  # noqa: E731  train_nmt.py as each worker's user types it
+        ROOT + "/scripts/train_nmt.py", "--data", f"tsv:{tsv}", "--preset", "tiny",
+        "--workdir", tmp_path / f"work-{index}", "--strategy", "multi_worker", "--epochs", 3,
+        "--vocab-size", 120, "--batch-tokens", 400, "--beam", 1, "--valid-fraction", 0.1]
+    ports = _free_ports(2)
+    # The chief SIGKILLs itself just before epoch 2's first step (the testing hook).
+    procs = [_start(tmp_path, "killed", command(0), 0, ports, fault="epoch:2"),
+             _start(tmp_path, "killed", command(1), 1, ports)]
+    deadline = time.monotonic() + DEADLINE_S
+    while procs[0].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    killed_at = time.monotonic()
+    report = _finish(tmp_path, "killed", procs, killed_at + KILL_WITHIN_S,
+                     stop_on_failure=False)
+    waited = time.monotonic() - killed_at
+    assert procs[0].returncode == -signal.SIGKILL, report
+    assert procs[1].returncode not in (0, -signal.SIGKILL) and waited < KILL_WITHIN_S, report
+    err = _read(tmp_path, "killed", 1, "err")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the chief (worker 0 at 127.0.0.1:" in errors[0], report
+    assert "Traceback" not in err, report
+    assert json.loads((tmp_path / "work-0" / "backup" / "training_metadata.json").read_text(
+        ))["epoch"] == 1
+
+    # The same command on both: the chief resumes from its backup (epoch 2 of 3), the other
+    # worker from the chief's state; a disagreement would leave one waiting for the other.
+    ports = _free_ports(2)
+    procs = [_start(tmp_path, "resumed", command(i), i, ports) for i in range(2)]
+    report = _finish(tmp_path, "resumed", procs, time.monotonic() + DEADLINE_S)
+    assert [p.returncode for p in procs] == [0, 0], report
+    metrics = json.loads((tmp_path / "work-0" / "metrics.json").read_text())
+    assert [e["epoch"] for e in metrics["history"]] == [1, 2, 3], report
+    state = json.loads((tmp_path / "work-0" / "run.json").read_text())
+    assert state["phase"] == "finished" and state["epochs"] == 3
+    assert state["steps"] == 3 * metrics["data"]["train_batches"]
+    for index in range(2):
+        assert not list((tmp_path / f"resumed-temp-{index}").iterdir()), index

@@ -63,7 +63,8 @@ def command(argv=None) -> int:
     args = parser.parse_args(argv)
     config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
     scores = train_nmt(args.data, args.workdir, config, run_options_from_args(args))
-    print("held-out:", " ".join(f"{k} {v}" for k, v in scores.items()))
+    if scores:  # a non-chief worker scores nothing
+        print("held-out:", " ".join(f"{k} {v}" for k, v in scores.items()))
     return 0
 
 

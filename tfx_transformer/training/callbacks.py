@@ -23,16 +23,14 @@ import logging
 import math
 import os
 import signal
-import tempfile
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import keras
 
 from tfx_transformer.training.bounds import MaxSteps, Progress, TimeBudget
 from tfx_transformer.training.checkpoints import Averaging
-from tfx_transformer.training.distribute import is_chief, task_index
+from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.saving import Backup
 from tfx_transformer.training.workdir import (
     Workdir,
@@ -207,6 +205,7 @@ def standard_callbacks(
     offset_seconds: float = 0.0,
     progress: Progress | None = None,
     averaging: Averaging = Averaging(),
+    stop_rules: Iterable = (),
 ) -> list[keras.callbacks.Callback]:
     """The callbacks every trainer passes to `fit`, in order.
 
@@ -216,8 +215,8 @@ def standard_callbacks(
     ``DIR/checkpoints/epoch-NNN.weights.h5`` and keeps those ``averaging`` needs,
     `TensorBoard(DIR/logs)`, `TimeBudget` and
     `MaxSteps` when asked, `MetricsLogger`, ``progress`` when given, and `FaultInjection`
-    when the testing hook asks. Non-chief workers back up to ``DIR/backup-worker-N`` and
-    write checkpoints to a temporary directory, logs not at all.
+    when the testing hook asks. Non-chief workers write nothing: no backup, checkpoints or
+    logs (they start from the chief's state: `tfx_transformer.training.workers`).
 
     Args:
         workdir: the work directory.
@@ -232,22 +231,20 @@ def standard_callbacks(
         progress: the `Progress` line (give `fit` ``verbose=0``), or None.
         averaging: what the run exports: the epoch checkpoints it needs are kept
             (`Averaging.needed`), the others deleted (default: the last epoch's only).
+        stop_rules: more callbacks with ``stopped``/``reason`` (a task's ``Patience``), whose
+            stop `MetricsLogger` reports in ``metrics.json["train"]["stopped_by"]``.
     """
     workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
     chief = is_chief()
-    backup, checkpoints = workdir.backup, workdir.checkpoints
-    if not chief:
-        backup = workdir.root / f"backup-worker-{task_index()}"
-        checkpoints = Path(tempfile.mkdtemp(prefix="tfx-checkpoints-"))
 
     def keep(epoch: int, logs: dict) -> set:
         history = [e for e in read_metrics(workdir).get("history", []) if e["epoch"] < epoch]
         return averaging.needed(history + [{**logs, "epoch": epoch}])
 
-    callbacks = [
-        RunGuard(workdir),
-        Backup(backup, delete_checkpoint=not keep_backup, checkpoints=checkpoints, keep=keep),
-    ]
+    callbacks = [RunGuard(workdir)]
+    if chief:
+        callbacks.append(Backup(workdir.backup, delete_checkpoint=not keep_backup,
+                                checkpoints=workdir.checkpoints, keep=keep))
     if tensorboard is None:
         tensorboard = importlib.util.find_spec("tensorboard") is not None
         if not tensorboard:
@@ -263,5 +260,5 @@ def standard_callbacks(
     fault = _fault()
     faults = [FaultInjection(*fault)] if fault and fault[1] is not None else []
     shown = [progress] if progress is not None else []
-    return (callbacks + stoppers + [MetricsLogger(workdir, stoppers, offset_seconds)] + shown
-            + faults)
+    logger = MetricsLogger(workdir, [*stop_rules, *stoppers], offset_seconds)
+    return callbacks + stoppers + [logger] + shown + faults

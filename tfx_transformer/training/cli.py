@@ -183,6 +183,8 @@ def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> in
     """
     import tensorflow as tf  # only for its NotFoundError: argparse helpers need no TensorFlow
 
+    from tfx_transformer.training.workers import WorkerLostError
+
     try:
         return int(main_fn(*args, **kwargs) or 0)
     except (ValueError, OSError, tf.errors.NotFoundError) as error:
@@ -190,6 +192,9 @@ def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> in
             raise
         message = getattr(error, "message", None) or str(error) or type(error).__name__
         return fail(name_flags(str(message)))
+    except WorkerLostError as error:  # not bad input: the run can go on once all are back
+        fail(str(error))
+        return 1
     except KeyboardInterrupt:
         fail("interrupted")
         return 130

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 __all__ = ["STRATEGIES", "GlobalClipAdam", "OptimizerBuiltFirst", "broadcast_from_chief",
-           "clip_by_global_norm_of_sum", "get_strategy", "is_chief", "multi_worker_strategy",
-           "num_replicas", "replica_sum", "task_index", "tf_config"]
+           "clip_by_global_norm_of_sum", "from_replica_0", "get_strategy", "is_chief",
+           "multi_worker_strategy", "num_replicas", "replica_sum", "task_index", "tf_config"]
 
 STRATEGIES = ("auto", "mirrored", "multi_worker")
 
@@ -101,6 +101,9 @@ def get_strategy(name: str) -> tf.distribute.Strategy:
                 f"Received: TF_CONFIG={os.environ.get('TF_CONFIG')!r}"
             )
         if "multi_worker" not in _created:
+            from tfx_transformer.training.workers import start_peer_watch
+
+            start_peer_watch(config)  # a chief gone while the strategy connects ends this too
             _created["multi_worker"] = _multi_worker_class()()
         return _created["multi_worker"]
     raise ValueError(f"`--strategy` must be one of {STRATEGIES}. Received: strategy={name!r}")
@@ -244,18 +247,23 @@ def broadcast_from_chief(payload: bytes | None,
             raise ValueError("`payload` is None, and there is no chief to receive it from")
         return bytes(payload)
     import numpy as np
-    import tensorflow as tf
 
-    def from_replica_0(local: np.ndarray) -> np.ndarray:
-        zeros = np.zeros_like(local)
-        values = strategy.experimental_distribute_values_from_function(
-            lambda context: tf.constant(local if context.replica_id_in_sync_group == 0
-                                        else zeros))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy()
-
-    length = int(from_replica_0(np.array([len(payload or b"")], np.int64))[0])
+    length = int(from_replica_0(np.array([len(payload or b"")], np.int64), strategy)[0])
     if payload is not None and len(payload) == length:  # one int32 per byte: collectives
         data = np.frombuffer(bytes(payload), np.uint8).astype(np.int32)  # have no uint8
     else:
         data = np.zeros([length], np.int32)
-    return from_replica_0(data).astype(np.uint8).tobytes()
+    return from_replica_0(data, strategy).astype(np.uint8).tobytes()
+
+
+def from_replica_0(local, strategy: tf.distribute.Strategy):
+    """Replica 0's (the chief's) numpy array ``local`` on every worker (a collective: a sum in
+    which every other replica gives zeros, so the chief's values arrive exactly). Every
+    worker passes an array of the same shape and dtype (int32, int64 or a float type)."""
+    import numpy as np
+    import tensorflow as tf
+
+    zeros = np.zeros_like(local)
+    values = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.constant(local if context.replica_id_in_sync_group == 0 else zeros))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, values, axis=None).numpy()

@@ -60,6 +60,13 @@ from tfx_transformer.training.workdir import (
     write_metrics,
     write_state,
 )
+from tfx_transformer.training.workers import (
+    WorkerAgreement,
+    WorkerLostError,
+    chief_address,
+    lost_message,
+    peer_watch,
+)
 
 __all__ = ["Task", "TaskData", "Trainer"]
 
@@ -190,7 +197,31 @@ class Trainer:
                 `NonFiniteWeightsError`), a full disk (`h5files.NoSpaceError`).
         """
         with lock_workdir(self.workdir):
-            return self._fit_task(task, callbacks)
+            if self.run.strategy != "multi_worker":
+                return self._fit_task(task, callbacks)
+            watch = peer_watch()
+            chief = set() if is_chief() else {chief_address()[0]}
+            watch.watch(chief)
+            try:
+                return self._fit_task(task, callbacks)
+            except tf.errors.OpError as error:  # a collective that lost its peer
+                gone = watch.gone() or (None if is_chief() else next(iter(chief)))
+                if gone is None or not isinstance(error, (
+                        tf.errors.UnavailableError, tf.errors.CancelledError,
+                        tf.errors.AbortedError, tf.errors.DeadlineExceededError)):
+                    raise
+                raise WorkerLostError(lost_message(gone, watch.peers[gone])) from None
+            finally:
+                watch.watch(())
+
+    @property
+    def data_seed(self) -> int:
+        """The seed of the training data's shuffle and augmentation: ``run.seed`` for a run
+        that starts at epoch 1, another seed for each epoch a resumed run starts at (the
+        chief's), so that resumed epochs do not repeat the order of epochs 1, 2, ...; the
+        split never depends on it (``run.seed``)."""
+        epoch = getattr(self, "resume_epoch", 0)
+        return self.run.seed if not epoch else (self.run.seed * 1_000_003 + epoch) % 2**31
 
     def _fit_task(self, task: Task, callbacks: Iterable[keras.callbacks.Callback]) -> dict:
         if self.run.restart and is_chief():
@@ -200,6 +231,10 @@ class Trainer:
         new_run = not (self.workdir.root / "run.json").exists()
         spec = self._check_data(task.data)
         request, state = self._request(task.default_epochs), self._read_state()
+        if self.run.strategy == "multi_worker" and is_chief() and \
+                self._needs_training(state, request):
+            watch = peer_watch()  # until the first step: a worker that fails before it
+            watch.watch(set(watch.peers))  # would leave the chief waiting
         if state.get("phase") == "finished" and not self._needs_training(state, request):
             self.log(f"{self.workdir.root}: this run finished earlier ({state.get('epochs')} "
                      f"epochs, {state.get('steps')} steps); export/, checkpoints/ and "
@@ -250,13 +285,20 @@ class Trainer:
         progress = Progress(self.total_steps(task.default_epochs, data.steps_per_epoch),
                             run.time_budget, spent,
                             epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
+        task_callbacks = list(task.callbacks(self, model))
         all_callbacks = [ScheduleProgress(run.time_budget, spent),
-                         *task.callbacks(self, model),
+                         *task_callbacks,
                          *standard_callbacks(workdir, run.time_budget, run.max_steps,
                                              keep_backup=True, offset_seconds=spent,
                                              progress=progress,
-                                             averaging=getattr(task, "averaging", Averaging())),
+                                             averaging=getattr(task, "averaging", Averaging()),
+                                             stop_rules=[c for c in task_callbacks
+                                                         if hasattr(c, "reason")]),
                          *callbacks]
+        if run.strategy == "multi_worker":  # last: after the restore and the stop rules
+            watch = peer_watch()
+            all_callbacks.append(WorkerAgreement(self.strategy, on_first_step=lambda: watch.watch(
+                set() if is_chief() else {chief_address()[0]})))
         history = model.fit(data.train, validation_data=data.valid, epochs=epochs,
                             shuffle=False, callbacks=all_callbacks, verbose=0)
         epochs_done = max([e + 1 for e in history.epoch], default=0)
@@ -312,11 +354,21 @@ class Trainer:
     def _read_state(self) -> dict:
         """``run.json``: the chief's on every worker (broadcast by the chief under
         ``multi_worker``; the others have none), so that all of them take the same path. A
-        worker that went on alone would wait for its peers in `fit` for ever."""
-        if self.run.strategy != "multi_worker":
-            return read_state(self.workdir)
-        state = json.dumps(read_state(self.workdir)).encode("utf-8") if is_chief() else None
-        return json.loads(broadcast_from_chief(state, self.strategy).decode("utf-8"))
+        worker that went on alone would wait for its peers in `fit` for ever. Also sets
+        ``resume_epoch``: the epochs the chief's backup holds (0 without one)."""
+        state = read_state(self.workdir)
+        metadata = self.workdir.backup / "training_metadata.json"
+        try:
+            epoch = int(json.loads(metadata.read_text()).get("epoch", 0))
+        except (OSError, ValueError, AttributeError):
+            epoch = 0  # none, or broken: `check_workdir` and the restore name it
+        if self.run.strategy == "multi_worker":
+            payload = json.dumps({"state": state, "epoch": epoch}).encode("utf-8") \
+                if is_chief() else None
+            received = json.loads(broadcast_from_chief(payload, self.strategy).decode("utf-8"))
+            state, epoch = received["state"], received["epoch"]
+        self.resume_epoch = epoch
+        return state
 
     def _record(self, **fields: Any) -> dict:
         """Merges ``fields`` into ``run.json`` (the chief's; other workers keep them in memory)."""

@@ -111,7 +111,7 @@ class DetectionTask:
                              f"times {replicas} replicas)")
         sizes = dict(image_size=config.image_size, max_size=config.max_image_size)
         train_ds = source.batches("train", batch_size=global_batch, object_limit=limit,
-                                  seed=run.seed, augmentation=config.augmentation,
+                                  seed=trainer.data_seed, augmentation=config.augmentation,
                                   drop_remainder=whole, **sizes)
         if num_valid is not None and run.eval_limit is not None:
             num_valid = min(num_valid, run.eval_limit)
