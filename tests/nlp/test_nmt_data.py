@@ -1,6 +1,7 @@
 """Tests of translation data sources and batching (`nlp.data.sources`, `nlp.data.batching`)."""
 
 import collections
+import tempfile
 
 import numpy as np
 import pytest
@@ -102,7 +103,8 @@ def test_embedded_source_splits(pairs):
     assert sources.load_pairs("embedded", "all", limit=5) == pairs[:5]
 
 
-def test_tfds_source_under_mock_data():
+def test_tfds_source_under_mock_data(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # TFDS's info folders go here
     with tfds.testing.mock_data(num_examples=6):
         train = sources.load_pairs("tfds:ted_hrlr_translate/pt_to_en", "train")
         valid = sources.load_dataset("tfds:ted_hrlr_translate/pt_to_en", "valid", limit=4)

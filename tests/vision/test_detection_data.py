@@ -1,6 +1,7 @@
 """Tests of detection data sources, augmentation and batching (`vision.data`)."""
 
 import json
+import tempfile
 
 import numpy as np
 import pytest
@@ -354,7 +355,8 @@ def _expected_tfds(example, crowd_key):
 
 @pytest.mark.parametrize("name, num_classes, crowd", [("coco/2017", 80, "is_crowd"),
                                                       ("voc/2007", 20, None)])
-def test_tfds_sources_under_mock_data(name, num_classes, crowd):
+def test_tfds_sources_under_mock_data(name, num_classes, crowd, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # TFDS's info folders go here
     with tfds.testing.mock_data(num_examples=4):
         source = data.load_source(f"tfds:{name}")
         records = list(source.records("valid").as_numpy_iterator())
