@@ -31,13 +31,11 @@ The protocol, in ten lines::
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import keras
 import tensorflow as tf
@@ -50,6 +48,7 @@ from tfx_transformer.training.distribute import broadcast_from_chief, get_strate
 from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
 from tfx_transformer.training.saving import check_export, check_training_space
+from tfx_transformer.training.task import Task, TaskData  # re-exported
 from tfx_transformer.training.workdir import (
     Workdir,
     check_workdir,
@@ -60,53 +59,9 @@ from tfx_transformer.training.workdir import (
     write_metrics,
     write_state,
 )
-from tfx_transformer.training.workers import (
-    WorkerAgreement,
-    WorkerLostError,
-    chief_address,
-    lost_message,
-    peer_watch,
-)
+from tfx_transformer.training.workers import WorkerAgreement, chief_address, peer_watch, watched
 
 __all__ = ["Task", "TaskData", "Trainer"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskData:
-    """What `Task.load_data` returns.
-
-    Attributes:
-        train: the training batches (a `tf.data.Dataset`).
-        valid: validation batches for `fit`, or None.
-        steps_per_epoch: training batches per epoch when known (None: unknown).
-    """
-
-    train: Any
-    valid: Any = None
-    steps_per_epoch: int | None = None
-
-
-class Task(Protocol):
-    """An application, as `Trainer.fit` drives it (see the module docstring).
-
-    `final_weights` is optional: without it the last weights are exported; ``averaging``
-    too: without it, the last epoch's checkpoint alone is kept.
-    """
-
-    data: str
-    default_epochs: int
-    state_files: tuple[str, ...]
-
-    def load_data(self, trainer: Trainer) -> TaskData: ...
-
-    def build_model(self, trainer: Trainer, data: TaskData) -> keras.Model: ...
-
-    def callbacks(self, trainer: Trainer, model: keras.Model
-                  ) -> Iterable[keras.callbacks.Callback]: ...
-
-    def export(self, model: keras.Model, path: Path) -> None: ...
-
-    def evaluate(self, model: keras.Model) -> Mapping[str, Any]: ...
 
 
 class Trainer:
@@ -199,20 +154,7 @@ class Trainer:
         with lock_workdir(self.workdir):
             if self.run.strategy != "multi_worker":
                 return self._fit_task(task, callbacks)
-            watch = peer_watch()
-            chief = set() if is_chief() else {chief_address()[0]}
-            watch.watch(chief)
-            try:
-                return self._fit_task(task, callbacks)
-            except tf.errors.OpError as error:  # a collective that lost its peer
-                gone = watch.gone() or (None if is_chief() else next(iter(chief)))
-                if gone is None or not isinstance(error, (
-                        tf.errors.UnavailableError, tf.errors.CancelledError,
-                        tf.errors.AbortedError, tf.errors.DeadlineExceededError)):
-                    raise
-                raise WorkerLostError(lost_message(gone, watch.peers[gone])) from None
-            finally:
-                watch.watch(())
+            return watched(lambda: self._fit_task(task, callbacks))
 
     @property
     def data_seed(self) -> int:

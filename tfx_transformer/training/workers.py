@@ -28,7 +28,7 @@ import keras
 from tfx_transformer.training.distribute import from_replica_0, is_chief, tf_config
 
 __all__ = ["PeerWatch", "WorkerAgreement", "WorkerLostError", "chief_address", "lost_message",
-           "peer_watch", "set_from_chief", "start_peer_watch"]
+           "peer_watch", "set_from_chief", "start_peer_watch", "watched"]
 
 POLL_SECONDS = 1.0
 MISSES = 3  # consecutive failed connections that make a peer gone
@@ -142,6 +142,28 @@ def start_peer_watch(config: dict) -> PeerWatch:
     watch = _watch["watch"]
     watch.watch(set() if is_chief() else {chief_address(config)[0]})
     return watch
+
+
+def watched(run):
+    """``run()`` of one `Trainer` run with this process's `PeerWatch` on (a non-chief watches
+    the chief) and off after; a collective that failed while a peer is unreachable raises
+    `WorkerLostError` naming it."""
+    import tensorflow as tf
+
+    watch = peer_watch()
+    chief = set() if is_chief() else {chief_address()[0]}
+    watch.watch(chief)
+    try:
+        return run()
+    except tf.errors.OpError as error:
+        gone = watch.gone() or (None if is_chief() else next(iter(chief)))
+        if gone is None or not isinstance(error, (
+                tf.errors.UnavailableError, tf.errors.CancelledError,
+                tf.errors.AbortedError, tf.errors.DeadlineExceededError)):
+            raise
+        raise WorkerLostError(lost_message(gone, watch.peers[gone])) from None
+    finally:
+        watch.watch(())
 
 
 class WorkerAgreement(keras.callbacks.Callback):
