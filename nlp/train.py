@@ -12,7 +12,6 @@ import collections
 import dataclasses
 import math
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 
 import keras
@@ -31,6 +30,7 @@ from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.distribute import GlobalClipAdam
+from tfx_transformer.training.h5files import write_atomically
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.trainer import TaskData, Trainer
 
@@ -94,18 +94,16 @@ def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
                 check(tokenizer)
         else:
             texts = [text for pair in pairs for text in pair]
-            fd, tmp = tempfile.mkstemp(prefix=".tokenizer.", suffix=".model",
-                                       dir=os.path.dirname(path) or ".")
-            os.close(fd)
-            try:
+            trained = []
+
+            def write(tmp):  # checked before it becomes the run's tokenizer
                 train_tokenizer(texts, tmp, vocab_size=vocab_size)
-                tokenizer = Tokenizer.from_file(tmp)
+                trained.append(Tokenizer.from_file(tmp))
                 if check is not None:
-                    check(tokenizer)
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+                    check(trained[0])
+
+            write_atomically(path, write)
+            tokenizer = trained[0]
             log(f"tokenizer: trained on {len(texts)} sentences -> {path}")
         return tokenizer
 

@@ -3,6 +3,7 @@ applications train with."""
 
 import json
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -120,6 +121,28 @@ def test_fit_loads_builds_fits_exports_evaluates_and_writes_once(tmp_path):
     state = json.loads((tmp_path / "run.json").read_text())
     assert (state["phase"], state["epochs"], state["steps"], state["export_steps"]) == (
         "finished", 2, 4, 4)
+    # Every file written to a temporary name first gets the mode `open` gives (not 0o600).
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+             for p in tmp_path.rglob("*") if p.is_file()}
+    assert {"run.json", "metrics.json", "backup/latest.weights.h5"} <= set(modes)
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
+
+def test_data_of_unknown_length_trains_whole_epochs_without_a_warning(tmp_path):
+    class Unsized(ToyTask):  # a filter: tf.data (and Keras) cannot know the batches up front
+        def load_data(self, trainer):
+            data = _data().filter(lambda x, y: True)
+            assert data.cardinality() == tf.data.UNKNOWN_CARDINALITY
+            return TaskData(data, None, 3)
+
+    events = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Trainer(tmp_path, RunOptions(epochs=2), log=events.append).fit(Unsized(events))
+    assert events.count("step") == 6
+    assert not [w for w in caught if "ran out of data" in str(w.message)]
 
 
 def test_the_trainer_tells_a_run_schedule_the_share_of_the_time_budget(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["CHECKPOINT_NAME", "TMP_PREFIX", "NoSpaceError", "checkpoint_files",
+__all__ = ["CHECKPOINT_NAME", "NEW_FILE_MODE", "TMP_PREFIX", "NoSpaceError", "checkpoint_files",
            "copy_weights_only", "opens", "remove_leftovers", "write_atomically"]
 
 TMP_PREFIX = ".tmp-"  # a file being written; one left behind by a kill is deleted at start
@@ -35,6 +35,17 @@ def checkpoint_files(directory: str | os.PathLike) -> dict[int, Path]:
         if match:
             found[int(match.group(1))] = path
     return dict(sorted(found.items()))
+
+
+def _new_file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+# What ``open`` gives a new file under the process's umask (read once, at import: setting the
+# umask to read it is not thread-safe); ``tempfile.mkstemp`` files are 0o600.
+NEW_FILE_MODE = _new_file_mode()
 
 
 class NoSpaceError(ValueError):
@@ -56,6 +67,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], object]) ->
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, NEW_FILE_MODE)
         os.replace(tmp, path)
     except Exception as error:
         if _disk_full(error):

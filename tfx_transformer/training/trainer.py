@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -241,8 +242,13 @@ class Trainer:
             watch = peer_watch()
             all_callbacks.append(WorkerAgreement(self.strategy, on_first_step=lambda: watch.watch(
                 set() if is_chief() else {chief_address()[0]})))
-        history = model.fit(data.train, validation_data=data.valid, epochs=epochs,
-                            shuffle=False, callbacks=all_callbacks, verbose=0)
+        with warnings.catch_warnings():
+            # An epoch is the whole data set: Keras warns when a data set whose length it does
+            # not know yet ends its first epoch ("Your input ran out of data"), as if
+            # `steps_per_epoch` had asked for more.
+            warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
+            history = model.fit(data.train, validation_data=data.valid, epochs=epochs,
+                                shuffle=False, callbacks=all_callbacks, verbose=0)
         epochs_done = max([e + 1 for e in history.epoch], default=0)
         metadata = workdir.backup / "training_metadata.json"
         if metadata.exists():  # also counts the epochs of earlier processes

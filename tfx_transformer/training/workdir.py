@@ -35,6 +35,7 @@ import numpy as np
 
 from tfx_transformer.training.h5files import (
     CHECKPOINT_NAME,
+    NEW_FILE_MODE,
     checkpoint_files,
     copy_weights_only,
     opens,
@@ -142,6 +143,7 @@ def _write_object(path: Path, value: Mapping) -> None:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, NEW_FILE_MODE)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
