@@ -1,5 +1,7 @@
 """COCO AP through pycocotools, the object-limit error, DETR's learning-rate drop, pictures."""
 
+import contextlib
+import io
 import json
 
 import keras
@@ -49,8 +51,10 @@ def test_perfect_detections_give_ap_one_even_with_low_scored_extra_queries():
              [0.9] * len(g["labels"]) + [0.05, 0.04, 0.03], [*g["labels"], 0, 1, 2])
         for g in ground_truth
     ]
+    # Image 3 has no objects: its three detections score below the 0.5 threshold.
     assert coco_evaluate(ground_truth, detections, num_classes=3) == {
-        "AP": 1.0, "AP50": 1.0, "AP75": 1.0, "n": 3}
+        "AP": 1.0, "AP50": 1.0, "AP75": 1.0, "n": 3, "empty_images": 1,
+        "false_positives_per_empty_image": 0.0}
 
 
 def test_known_values_from_the_101_point_definition():
@@ -70,11 +74,81 @@ def test_known_values_from_the_101_point_definition():
     two = coco_evaluate([_gt(1, FOUR, [0, 0, 1, 1]), _gt(2, FOUR[:2], [1, 1])],
                         [_det(1, FOUR, [0.9] * 4, [0, 0, 1, 1])])
     assert two["AP"] == pytest.approx((1 + HALF_FOUND) / 2, abs=1e-6) and two["n"] == 2
+    per_class = coco_evaluate([_gt(1, FOUR, [0, 0, 1, 1]), _gt(2, FOUR[:2], [1, 1])],
+                              [_det(1, FOUR, [0.9] * 4, [0, 0, 1, 1])], num_classes=3,
+                              class_names=["a", "b", "c"])["per_class"]
+    assert per_class == {"a": 1.0, "b": pytest.approx(HALF_FOUND, abs=1e-6), "c": None}
     # Nothing detected: 0; nothing to detect: None (COCO's -1).
     assert coco_evaluate(gt, [])["AP"] == 0.0
     assert coco_evaluate([_gt(1, [], [])], [], num_classes=2)["AP"] is None
     with pytest.raises(ValueError, match="image_id=\\[9\\]"):
         coco_evaluate(gt, [_det(9, FOUR[:1], [0.9], [0])])
+
+
+def test_false_positives_are_counted_on_images_without_objects_only():
+    ground_truth = [_gt(1, FOUR[:1], [0]), _gt(2, [], []), _gt(3, [], []),
+                    {**_gt(4, [], []), "crowd_boxes": np.array([FOUR[1]], "float32"),
+                     "crowd_labels": np.array([0])}]  # a crowd region: not empty
+    three = [[0.9, 0.6, 0.4], [0.55, 0.2, 0.1], [0.9, 0.9, 0.9]]
+    detections = [_det(i, FOUR[1:], scores, [0, 1, 0]) for i, scores in zip((1, 2, 4), three)]
+    scores = coco_evaluate(ground_truth, detections, num_classes=2)
+    # Empty: images 2 (one detection above 0.5) and 3 (none detected).
+    assert (scores["empty_images"], scores["false_positives_per_empty_image"]) == (2, 0.5)
+    strict = coco_evaluate(ground_truth, detections, num_classes=2, threshold=0.15)
+    assert strict["false_positives_per_empty_image"] == 1.0  # 0.55 and 0.2 on image 2
+    assert coco_evaluate(ground_truth[:1], detections[:1])["false_positives_per_empty_image"] \
+        is None
+
+
+def _pycocotools_stats(ground_truth, results):
+    """AP, AP50, AP75 of COCO-format ``results`` (written here, not by `to_coco`)."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO()
+        gt.dataset = ground_truth
+        gt.createIndex()
+        evaluator = COCOeval(gt, gt.loadRes(results), iouType="bbox")
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return [round(float(v), 6) for v in evaluator.stats[:3]]
+
+
+def test_each_image_keeps_its_100_best_detections_over_all_classes():
+    # 300 queries an image over 3 classes: pycocotools alone keeps 100 per image *and class*.
+    rng = np.random.default_rng(0)
+    ground_truth, detections = [], []
+    coco = {"images": [], "annotations": [], "categories": [{"id": c} for c in range(3)]}
+    for image_id in (1, 2):
+        boxes = rng.uniform(0, 60, (12, 2))
+        boxes = np.concatenate([boxes, boxes + rng.uniform(10, 40, (12, 2))], axis=1)
+        labels = rng.integers(0, 3, 12)
+        ground_truth.append(_gt(image_id, boxes, labels))
+        coco["images"].append({"id": image_id, "height": 100, "width": 200})
+        coco["annotations"] += [{"image_id": image_id, "category_id": int(c),
+                                 "bbox": [*b[:2], *(b[2:] - b[:2])],
+                                 "area": float(np.prod(b[2:] - b[:2])), "iscrowd": 0}
+                                for b, c in zip(boxes, labels)]
+        found = np.repeat(boxes, 25, axis=0) + rng.normal(0, 2, (300, 4))  # near the objects
+        detections.append(_det(image_id, found, rng.uniform(0, 1, 300),
+                               np.repeat(labels, 25)))
+    for number, annotation in enumerate(coco["annotations"], start=1):
+        annotation["id"] = number  # pycocotools takes id 0 for "unmatched"
+    results = [[{"image_id": d["image_id"], "category_id": int(d["labels"][i]),
+                 "bbox": [*map(float, d["boxes"][i, :2]),
+                          *map(float, d["boxes"][i, 2:] - d["boxes"][i, :2])],
+                 "score": float(d["scores"][i])} for i in order]
+               for d in detections
+               for order in [np.argsort(-d["scores"])]]
+    top = _pycocotools_stats(coco, [r for image in results for r in image[:100]])
+    every = _pycocotools_stats(coco, [r for image in results for r in image])
+    assert top != every  # the cut matters for these detections
+    scores = coco_evaluate(ground_truth, detections, num_classes=3)
+    assert [scores["AP"], scores["AP50"], scores["AP75"]] == pytest.approx(top, abs=1e-6)
+    assert [coco_evaluate(ground_truth, detections, num_classes=3, max_detections=None)[k]
+            for k in ("AP", "AP50", "AP75")] == pytest.approx(every, abs=1e-6)
 
 
 def test_evaluate_records_groups_same_size_images():
@@ -93,7 +167,8 @@ def test_evaluate_records_groups_same_size_images():
 
     scores = evaluate_records(oracle, records, batch_size=2, progress=False)
     assert calls == [(2, 20, 30, 3), (1, 40, 10, 3), (1, 20, 30, 3)]
-    assert scores == {"AP": 1.0, "AP50": 1.0, "AP75": 1.0, "n": 4}
+    assert scores == {"AP": 1.0, "AP50": 1.0, "AP75": 1.0, "n": 4, "empty_images": 0,
+                      "false_positives_per_empty_image": None}
     dataset = tf.data.Dataset.from_generator(
         lambda: iter(records[:2]), output_signature={
             "image": tf.TensorSpec([None, None, 3], tf.uint8),

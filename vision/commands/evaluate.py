@@ -2,7 +2,9 @@
 
 Scores every image of a coco: source and the validation split of embedded and tfds: data;
 prints JSON with the COCO box AP, AP50 and AP75 (pycocotools, crowd regions ignored as COCO
-does) and the number of images.
+does; the 100 best-scored detections of each image, as COCO counts them), the number of images,
+and on the images without objects their number and the mean number of detections scored above
+``--threshold`` (false positives per empty image); ``--per-class`` adds each class's AP.
 
 The model's labels are matched to the data's through the export's classes.json: by COCO
 category id where both have ids (the names of each id must agree too), else by class name.
@@ -35,11 +37,18 @@ def command(argv=None) -> int:
     parser.add_argument("--batch-size", type=positive(int), default=8,
                         help="most images per call (consecutive images of one size)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the embedded data")
+    parser.add_argument("--threshold", type=float, default=0.5,
+                        help="score above which a detection on an image without objects is a "
+                             "false positive (default 0.5)")
+    parser.add_argument("--per-class", action="store_true",
+                        help="also print the AP of each class (per_class)")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="coco: score without the image files that cannot be decoded")
     parser.add_argument("--verbose", action="store_true",
                         help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.threshold < 1.0:
+        parser.error(f"--threshold must be in [0, 1), got {args.threshold}")
     detector = load_detector(args.model)
     source = load_source(args.data, seed=args.seed, skip_bad_images=args.skip_bad_images,
                          log=lambda *line: print(*line, file=sys.stderr))
@@ -51,7 +60,8 @@ def command(argv=None) -> int:
     split = evaluation_split(args.data)
     scores = evaluate_records(detector, source.records(split), args.batch_size,
                               limit=args.limit, num_classes=source.num_classes,
-                              label_map=label_map)
+                              label_map=label_map, threshold=args.threshold,
+                              class_names=source.class_names if args.per_class else None)
     if not scores["n"]:
         raise ValueError(f"--data {args.data}: no images to score in its {split!r} split.")
     print(json.dumps(scores))

@@ -3,7 +3,8 @@
 Ground truth and detections are converted to COCO format in memory (boxes ``[x, y, w, h]``
 in pixels, one category per label, annotation ids from 1) and scored by ``COCOeval``: AP is
 the mean over IoU thresholds 0.50:0.05:0.95 of the 101-point interpolated precision, over
-the categories that have ground truth, with at most 100 detections per image. Crowd regions
+the categories that have ground truth, with at most 100 detections per image (the best-scored
+100 of all categories, as the COCO detection challenge counts them). Crowd regions
 (records' ``crowd_boxes``/``crowd_labels``) are ground truth with ``iscrowd=1``, as in the
 official evaluation: a detection on one is neither a hit nor a false positive. (Two
 differences from scoring the original file remain, both absent from well-formed data: boxes
@@ -31,7 +32,7 @@ import numpy as np
 
 from tfx_transformer import checks
 
-__all__ = ["coco_evaluate", "evaluate_records", "match_labels", "to_coco"]
+__all__ = ["MAX_DETECTIONS", "coco_evaluate", "evaluate_records", "match_labels", "to_coco"]
 
 
 def _xywh(boxes) -> np.ndarray:
@@ -39,9 +40,17 @@ def _xywh(boxes) -> np.ndarray:
     return np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
 
 
+MAX_DETECTIONS = 100  # per image, over all categories: COCO's detection limit
+
+
 def to_coco(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
-            num_classes: int | None = None) -> tuple[dict, list[dict]]:
+            num_classes: int | None = None, max_detections: int | None = MAX_DETECTIONS,
+            ) -> tuple[dict, list[dict]]:
     """COCO-format ground truth (a dataset dict) and results (a list) of per-image dicts.
+
+    Each image keeps its ``max_detections`` best-scored detections (COCO's limit of 100 per
+    image; ``COCOeval``'s own ``maxDets`` counts per image *and category*, so a model with
+    more queries than that would otherwise be scored on more than 100 detections an image).
 
     Args:
         ground_truth: one dict per image: ``image_id`` int, ``height``, ``width``, ``boxes``
@@ -51,10 +60,12 @@ def to_coco(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
         detections: dicts with ``image_id``, ``boxes`` ``(Q, 4)`` xyxy pixels, ``scores``
             ``(Q,)``, ``labels`` ``(Q,)``; optionally ``keep`` ``(Q,)`` bool.
         num_classes: ``C`` (default: one more than the largest label seen).
+        max_detections: the most detections kept per image (None: all).
 
     Returns:
         ``(dataset, results)`` in the formats ``pycocotools`` reads.
     """
+    checks.positive_int("max_detections", max_detections, optional=True)
     if num_classes is None:
         labels = [np.asarray(x[key]).reshape(-1) for x in [*ground_truth, *detections]
                   for key in ("labels", "crowd_labels") if key in x]
@@ -81,24 +92,44 @@ def to_coco(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
         boxes = _xywh(item["boxes"])
         scores = np.asarray(item["scores"], np.float64).reshape(-1)
         labels = np.asarray(item["labels"]).reshape(-1)
-        for i in np.flatnonzero(np.broadcast_to(keep, scores.shape)):
+        kept = np.flatnonzero(np.broadcast_to(keep, scores.shape))
+        kept = kept[np.argsort(-scores[kept], kind="stable")][:max_detections]
+        for i in kept:
             results.append({"image_id": int(item["image_id"]), "category_id": int(labels[i]),
                             "bbox": [float(v) for v in boxes[i]], "score": float(scores[i])})
     return dataset, results
 
 
 def coco_evaluate(ground_truth: Sequence[Mapping], detections: Sequence[Mapping],
-                  num_classes: int | None = None) -> dict:
+                  num_classes: int | None = None, threshold: float = 0.5,
+                  class_names: Sequence[str] | None = None,
+                  max_detections: int | None = MAX_DETECTIONS) -> dict:
     """COCO box AP of ``detections`` against ``ground_truth`` (formats as `to_coco`).
 
+    Args:
+        ground_truth, detections, num_classes, max_detections: as `to_coco`.
+        threshold: a detection scored above it counts as a false positive on an image
+            without objects.
+        class_names: also report the AP of each class (``per_class``), under these names
+            (label ``i`` is ``class_names[i]``).
+
     Returns:
-        ``{"AP", "AP50", "AP75", "n"}``: floats in [0, 1] (None when there is no ground-truth
-        box at all, where COCO reports -1) and the number of images.
+        ``{"AP", "AP50", "AP75", "n", "empty_images", "false_positives_per_empty_image"}``:
+        AP floats in [0, 1] (None when there is no ground-truth box at all, where COCO reports
+        -1), the number of images, the number of images without objects (no box, no crowd
+        region) and the mean number of detections above ``threshold`` on each (None when there
+        is none); with ``class_names``, ``per_class``: ``{name: AP}`` (None for a class without
+        ground truth).
     """
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    dataset, results = to_coco(ground_truth, detections, num_classes)
+    if not 0.0 <= threshold < 1.0:
+        raise ValueError(f"`threshold` must be in [0, 1). Received: threshold={threshold}")
+    dataset, results = to_coco(ground_truth, detections, num_classes, max_detections)
+    if class_names is not None and len(class_names) != len(dataset["categories"]):
+        raise ValueError(f"`class_names` must name the {len(dataset['categories'])} classes. "
+                         f"Received: {len(class_names)} names")
     known = {image["id"] for image in dataset["images"]}
     unknown = sorted({r["image_id"] for r in results} - known)
     if unknown:
@@ -118,7 +149,28 @@ def coco_evaluate(ground_truth: Sequence[Mapping], detections: Sequence[Mapping]
         evaluator.accumulate()
         evaluator.summarize()
     stats = [None if v < 0 else round(float(v), 6) for v in evaluator.stats[:3]]
-    return {"AP": stats[0], "AP50": stats[1], "AP75": stats[2], "n": len(dataset["images"])}
+    scores = {"AP": stats[0], "AP50": stats[1], "AP75": stats[2], "n": len(dataset["images"]),
+              **_false_positives(dataset, results, threshold)}
+    if class_names is not None:
+        # precision: [IoU threshold, recall point, class, area range "all", maxDets 100]
+        precision = evaluator.eval["precision"][:, :, :, 0, -1]
+        scores["per_class"] = {}
+        for index, name in enumerate(class_names):
+            values = precision[:, :, index]
+            values = values[values > -1]
+            scores["per_class"][str(name)] = round(float(values.mean()), 6) if values.size \
+                else None
+    return scores
+
+
+def _false_positives(dataset: Mapping, results: Sequence[Mapping], threshold: float) -> dict:
+    """The images without any annotation, and the mean count of results above ``threshold``
+    on each (what a detector "sees" in empty scenes)."""
+    with_objects = {a["image_id"] for a in dataset["annotations"]}
+    empty = {image["id"] for image in dataset["images"]} - with_objects
+    found = sum(1 for r in results if r["image_id"] in empty and r["score"] > threshold)
+    return {"empty_images": len(empty),
+            "false_positives_per_empty_image": round(found / len(empty), 6) if empty else None}
 
 
 def _same_size_batches(records: Iterable[Mapping], batch_size: int):
@@ -180,7 +232,8 @@ def match_labels(model_names: Sequence[str], model_ids: Sequence[int] | None,
 
 def evaluate_records(detect: Callable, records, batch_size: int = 8, limit: int | None = None,
                      num_classes: int | None = None, progress: bool | None = None,
-                     label_map: Sequence[int] | None = None) -> dict:
+                     label_map: Sequence[int] | None = None, threshold: float = 0.5,
+                     class_names: Sequence[str] | None = None) -> dict:
     """Runs ``detect`` over every record and returns its COCO AP (`coco_evaluate`).
 
     Args:
@@ -196,9 +249,11 @@ def evaluate_records(detect: Callable, records, batch_size: int = 8, limit: int 
         progress: show a progress bar on stderr (default: when stderr is a terminal).
         label_map: the records' label of each label ``detect`` returns (`match_labels`);
             default: the same labels.
+        threshold, class_names: as `coco_evaluate` (false positives on images without
+            objects; AP per class).
 
     Returns:
-        ``{"AP", "AP50", "AP75", "n"}``.
+        What `coco_evaluate` returns.
     """
     checks.positive_int("batch_size", batch_size)
     total = limit
@@ -228,4 +283,4 @@ def evaluate_records(detect: Callable, records, batch_size: int = 8, limit: int 
         if bar is not None:
             with contextlib.redirect_stdout(sys.stderr):
                 bar.add(len(batch))
-    return coco_evaluate(ground_truth, detections, num_classes)
+    return coco_evaluate(ground_truth, detections, num_classes, threshold, class_names)
