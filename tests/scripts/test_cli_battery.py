@@ -210,6 +210,7 @@ NUMBERS = [  # (command, flags, bad values)
     (NMT, "--valid-fraction", "1.5 -0.1 nan"), (DETR, "--valid-fraction", "1 -1 nan"),
     (NMT, "--seed", "-1 x"), (DETR, "--seed", "-1 1.5"),
     (DETECT + "detector" + IMG, "--threshold", "1.5 -0.1 nan"),
+    (EVAL_DETR + "detector --data embedded", "--threshold", "1 -0.1 nan"),
 ]
 CASES = [A(f"{command.split()[0][:-3]}{flag}={value}", f"{command} {flag} {value}", F(flag))
          for command, flags, values in NUMBERS for flag in flags.split()
