@@ -46,6 +46,7 @@ def test_skip_bad_images_trains_without_them_and_caches_the_check(tmp_path, monk
     out = capsys.readouterr().out
     assert f"skipped 1 bad image files ({str(img / 'cut.jpg')!r}) and their 3 annotations" in out
     assert "checking 5 image files (0 checked before)" in out
+    assert "\x1b[" not in out and "/image" not in out  # no progress bar outside a terminal
     assert "3 training images, 1 validation images" in out
     cached = json.loads((tmp_path / "w" / "image_check.json").read_text())["images"]
     assert sorted(cached) == [str(img / f"{i}.jpg") for i in range(4)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import sys
 import warnings
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -142,7 +143,8 @@ def check_images(paths: Iterable[str], *, cache: str | os.PathLike | None = None
             import keras  # only for its progress bar
 
             print(f"checking {len(todo)} image files ({len(results)} checked before)")
-            bar = keras.utils.Progbar(len(todo), unit_name="image")
+            if sys.stdout.isatty():  # a log file gets the line alone, not the bar's redraws
+                bar = keras.utils.Progbar(len(todo), unit_name="image")
         workers = workers or min(8, os.cpu_count() or 1)
         with warnings.catch_warnings(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
             # Images between PIL's limit and twice it only warn there: they are decoded here
