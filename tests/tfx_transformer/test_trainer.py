@@ -59,6 +59,7 @@ class ToyTask:
 
     def build_model(self, trainer, data):
         self.events.append(f"build_model in {type(tf.distribute.get_strategy()).__name__}")
+        self.events.append(("fresh", trainer.fresh))
         return _model()
 
     def callbacks(self, trainer, model):
@@ -104,7 +105,8 @@ def test_fit_loads_builds_fits_exports_evaluates_and_writes_once(tmp_path):
     scores = Trainer(tmp_path, RunOptions(max_steps=4, seed=3), log=events.append).fit(
         task, callbacks=[Events(events, "last")])
     assert [e for e in events if e != "step"] == [
-        "load_data", "build_model in _DefaultDistributionStrategy", "task: begin",
+        "load_data", "build_model in _DefaultDistributionStrategy", ("fresh", True),
+        "task: begin",
         "last: begin", "task: end", "last: end", "final_weights",
         "final weights: the last epoch", "export", f"export: {tmp_path / 'export'} (4 steps)",
         "evaluate"]
@@ -233,8 +235,10 @@ def test_a_run_killed_in_any_phase_resumes_there(tmp_path, phase):
     with pytest.raises(Crash):
         _run(tmp_path, events, crash_in=phase)
     crashed_steps = events.count("step")
+    assert ("fresh", True) in events  # a new model: a task may set its first weights
     events.clear()
     assert _steps(_run(tmp_path, events)) == {"steps": 6}  # the lineage of an uninterrupted run
+    assert ("fresh", False) in events  # the run's own state: epoch 1 or its training
     assert (tmp_path / "export" / "steps").read_text() == "6"
     # Training resumes from epoch 2's start; a finished fit is not redone.
     assert events.count("step") == {"training": 3, "export": 0, "evaluate": 0}[phase]

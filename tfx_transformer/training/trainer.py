@@ -81,6 +81,9 @@ class Trainer:
         strategy: the `tf.distribute.Strategy` the model is built under.
         workdir: the `Workdir`.
         run: the `RunOptions`.
+        fresh: set when `fit` builds the model: whether it trains from a new model (no
+            earlier epoch or finished training of this run to start from), so a task may set
+            initial weights then (`Task.build_model`).
     """
 
     def __init__(self, workdir: str | os.PathLike, run: RunOptions,
@@ -193,6 +196,9 @@ class Trainer:
             raise
         if data.steps_per_epoch == 0:
             raise ValueError("no training batches: the training data is empty")
+        # A new model trains from scratch (or from a task's initial weights); otherwise the
+        # run's own state (backup, checkpoints) replaces whatever the model starts with.
+        self.fresh = self._needs_training(state, request) and not self.resume_epoch
         with self.strategy.scope():
             model = task.build_model(self, data)
         if self._needs_training(state, request):

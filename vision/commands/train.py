@@ -24,6 +24,7 @@ from tfx_transformer.training.cli import (  # noqa: E402
     run_options_from_args,
 )
 from vision.config import PRESETS, preset  # noqa: E402
+from vision.pretrained import check_init_source  # noqa: E402
 from vision.training.train import train_detr  # noqa: E402
 
 # DetrConfig field -> flag and argparse keywords.
@@ -49,6 +50,10 @@ def command(argv=None) -> int:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     add_run_arguments(parser, (*COMMON_RUN_FLAGS, "eval_limit"), mixed_precision="auto")
     add_override_arguments(parser, CONFIG_FLAGS)
+    parser.add_argument("--init-from", metavar="PATH",
+                        help="start from trained weights: a train_detr.py work directory, an "
+                             "export or a model.keras (the class head is re-initialized when "
+                             "the classes differ)")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="coco: train without the image files that cannot be decoded "
                              "(and their annotations) instead of stopping with their names")
@@ -56,8 +61,10 @@ def command(argv=None) -> int:
     if args.backbone_weights is not None and not os.path.isfile(args.backbone_weights):
         parser.error(f"--backbone-weights: no such file {args.backbone_weights!r}")
     config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
+    if args.init_from is not None:
+        check_init_source(args.init_from)  # before any data is read
     scores = train_detr(args.data, args.workdir, config, run_options_from_args(args),
-                        skip_bad_images=args.skip_bad_images)
+                        skip_bad_images=args.skip_bad_images, init_from=args.init_from)
     print("validation:", " ".join(f"{k} {v}" for k, v in scores.items()))
     return 0
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 import keras
 import tensorflow as tf
 
+from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.schedules import StepDropSchedule
 from tfx_transformer.training.trainer import TaskData, Trainer
@@ -25,6 +26,7 @@ from vision.data.batching import ObjectLimit, make_batches
 from vision.data.image_check import CACHE_FILE
 from vision.data.sources import load_source
 from vision.modeling.detr import build_criterion, build_model
+from vision.pretrained import check_init_source, init_from
 from vision.training.evaluate import evaluate_records
 from vision.training.export import export_detector, make_detect_fn
 from vision.training.optimizer import build_optimizer
@@ -55,17 +57,23 @@ class DetectionTask:
         log: where progress lines go.
         skip_bad_images: train without the ``coco:`` image files that cannot be used (and
             their annotations) instead of stopping with their names.
+        init_from: start a new run from these weights (`vision.pretrained.init_from`: a work
+            directory, an export or a ``model.keras``); a resumed run starts from its own.
     """
 
     state_files = ()
 
     def __init__(self, data: str, config: DetrConfig, run: RunOptions,
-                 log: Callable[..., None] = print, skip_bad_images: bool = False):
+                 log: Callable[..., None] = print, skip_bad_images: bool = False,
+                 init_from: str | os.PathLike | None = None):
         if run.jit_compile and config.matcher_solver == "scipy":
             raise ValueError("`jit_compile=True` needs `matcher_solver='ops'`: the scipy "
                              "matcher is a host callback. Received: matcher_solver='scipy'")
         self.data, self.config, self.run, self.log = data, config, run, log
         self.skip_bad_images = skip_bad_images
+        self.init_from = init_from
+        if init_from is not None:
+            check_init_source(init_from)
         self.default_epochs = config.epochs
         self.limit = ObjectLimit(config.num_queries)  # DETR needs a query per object
 
@@ -149,6 +157,12 @@ class DetectionTask:
                       criterion=build_criterion(config, classes), jit_compile=run.jit_compile)
         self.log(f"model: {config.name}, {model.count_params():,} parameters, "
                  f"{trainer.replicas} replica(s), batch {self.global_batch}")
+        if self.init_from is not None:
+            if not trainer.fresh:
+                self.log(f"init: the run resumes from its own state; --init-from "
+                         f"{self.init_from} is not read again")
+            elif is_chief():  # the other workers get the chief's weights when fit begins
+                init_from(model, self.init_from, self.source.class_names, self.log)
         return model
 
     def callbacks(self, trainer: Trainer, model: keras.Model) -> list:
@@ -181,7 +195,8 @@ class DetectionTask:
 
 def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: RunOptions,
                callbacks: Iterable[keras.callbacks.Callback] = (),
-               log: Callable[..., None] = print, skip_bad_images: bool = False) -> dict:
+               log: Callable[..., None] = print, skip_bad_images: bool = False,
+               init_from: str | os.PathLike | None = None) -> dict:
     """Trains DETR on ``data``, writes the work directory, returns validation COCO AP.
 
     Work directory: ``checkpoints/``, ``backup/`` (while running, so a killed run resumes),
@@ -204,6 +219,9 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         skip_bad_images: leave out the ``coco:`` image files that cannot be used (missing,
             truncated, not decodable, over PIL's decompression-bomb limit) and their
             annotations; without it they end the run before training, named.
+        init_from: a new run starts from these weights instead of random ones: a finished
+            work directory, an export or a ``model.keras`` (`vision.pretrained.init_from`:
+            the class heads are re-initialized when the classes differ).
 
     Returns:
         ``metrics.json``'s ``valid`` entry: AP, AP50, AP75 (pycocotools) and n images
@@ -219,5 +237,6 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
         vision.data.batching.TooManyObjectsError: an image with more objects than
             ``config.num_queries`` (DETR needs a query per object); a `ValueError`.
     """
-    task = DetectionTask(data, config, run, log, skip_bad_images=skip_bad_images)
+    task = DetectionTask(data, config, run, log, skip_bad_images=skip_bad_images,
+                         init_from=init_from)
     return Trainer(workdir, run, log).fit(task, callbacks)
