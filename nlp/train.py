@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable, Sequence
 
 import keras
@@ -277,7 +278,9 @@ class TranslationTask:
         translate = tf.function(make_translate_fn(model, self.tokenizer, config.decoding))
         pairs = self.valid_pairs
         held_out = pairs if run.eval_limit is None else pairs[:run.eval_limit]
-        scores, hypotheses = evaluate(translate, held_out) if held_out else ({}, [])
+        # The bar only on a terminal: a log file would get each of its redraws.
+        scores, hypotheses = evaluate(translate, held_out, progress=sys.stdout.isatty()) \
+            if held_out else ({}, [])
         samples = [{"source": s, "reference": t, "translation": h}
                    for (s, t), h in list(zip(held_out, hypotheses))[:NUM_SAMPLES]]
         return {
