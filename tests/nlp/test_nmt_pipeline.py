@@ -1,5 +1,6 @@
 """Training, resume, export and the three scripts, end to end on tiny data."""
 
+import io
 import json
 import os
 import subprocess
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from nlp.commands import evaluate as evaluate_command
+from nlp.commands import translate as translate_command
 from nlp.config import preset
 from nlp.data.batching import make_batches
 from nlp.data.embedded import generate_pairs
@@ -23,6 +26,15 @@ from tfx_transformer.training.run import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def _main(module, capsys, *args) -> str:
+    """``module.main(args)`` (a command's `run_cli`) in this process: exit 0, its stdout."""
+    capsys.readouterr()
+    code = module.main([str(a) for a in args])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-2000:]
+    return captured.out
 
 
 def _run(*args, stdin=None, cwd=None):
@@ -43,25 +55,27 @@ TEXTS = ["I have three apples.", "", "We moved to Berlin on March 3, 2021. " * 4
 @pytest.mark.slow
 def test_export_runs_without_this_project_and_matches_in_process(tiny_translator, tmp_path):
     model, tokenizer, export = tiny_translator
-    for beam, signature in ((3, "serving_default"), (1, "greedy")):
+    signatures = {"serving_default": 3, "greedy": 1}  # signature: its beam size
+    want = {}
+    for signature, beam in signatures.items():
         decoding = DecodingSettings(beam_size=beam, extra_length=6)
         translate = tf.function(make_translate_fn(model, tokenizer, decoding))
-        want = [t.decode() for t in translate(tf.constant(TEXTS)).numpy()]
-        script = textwrap.dedent(f"""
-            import json, sys
-            for name in ("nlp", "vision", "tfx_transformer"):
-                sys.modules[name] = None  # importing this project would fail
-            import tensorflow as tf
-            import tensorflow_text  # noqa: F401
-            serve = tf.saved_model.load({str(export)!r}).signatures[{signature!r}]
-            out = serve(text=tf.constant(json.loads(sys.stdin.read())))["translation"]
-            print(json.dumps([t.decode() for t in out.numpy()]))
-        """)
-        result = _run("-c", script, stdin=json.dumps(TEXTS), cwd=tmp_path)
-        assert result.returncode == 0, result.stderr[-2000:]
-        got = json.loads(result.stdout.strip().splitlines()[-1])
-        assert got == want
-        assert len(got) == 3 and all(isinstance(t, str) for t in got)
+        want[signature] = [t.decode() for t in translate(tf.constant(TEXTS)).numpy()]
+    script = textwrap.dedent(f"""
+        import json, sys
+        for name in ("nlp", "vision", "tfx_transformer"):
+            sys.modules[name] = None  # importing this project would fail
+        import tensorflow as tf
+        import tensorflow_text  # noqa: F401
+        loaded, texts = tf.saved_model.load({str(export)!r}), json.loads(sys.stdin.read())
+        print(json.dumps({{name: [t.decode() for t in loaded.signatures[name](
+            text=tf.constant(texts))["translation"].numpy()] for name in {list(signatures)!r}}}))
+    """)
+    result = _run("-c", script, stdin=json.dumps(TEXTS), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    assert got == want
+    assert all(len(out) == 3 and all(isinstance(t, str) for t in out) for out in got.values())
 
 
 # Resume after a kill in every phase, through train_nmt.py: tests/scripts/test_run_lifecycle.py.
@@ -97,7 +111,7 @@ def _assert_export_is_the_mean(export, checkpoints):
 
 
 @pytest.mark.slow
-def test_scripts_train_translate_evaluate(nmt_workdir):
+def test_scripts_train_translate_evaluate(nmt_workdir, capsys, monkeypatch):
     work, tsv, train = nmt_workdir  # train_nmt.py, 2 epochs on 60 pairs (tests/conftest.py)
     assert train.stderr == ""  # the scripts' quiet start: no TensorFlow or Keras lines
     # ours, the first lines: the precision `auto` chose, then the data
@@ -126,21 +140,20 @@ def test_scripts_train_translate_evaluate(nmt_workdir):
     assert 0 < metrics["config"]["vocab_size"] <= 100
     assert f"epoch 2/2 · step {steps}/{steps} · " in train.stdout
     assert "Epoch 1/" not in train.stdout + train.stderr
+    assert "\x1b[" not in train.stdout and "/sentence" not in train.stdout  # no bar in a pipe
     assert "the mean of the weights of epochs 1-2" in train.stdout
     _assert_export_is_the_mean(work / "export", sorted((work / "checkpoints").glob("*.h5")))
 
-    out = _run(str(ROOT / "scripts/translate.py"), "--model", str(work / "export"),
-               "I have three apples.", "")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert len(out.stdout.splitlines()) == 2
-    piped = _run(str(ROOT / "scripts/translate.py"), "--model", str(work / "export"),
-                 "--beam", "1", stdin="one\ntwo\nthree\n")
-    assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 3
+    # translate.py and evaluate_nmt.py: their `main`, in this process (saves two start-ups).
+    out = _main(translate_command, capsys, "--model", work / "export", "I have three apples.",
+                "")
+    assert len(out.splitlines()) == 2
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"one\ntwo\nthree\n")))
+    piped = _main(translate_command, capsys, "--model", work / "export", "--beam", 1)
+    assert len(piped.splitlines()) == 3
 
-    scored = _run(str(ROOT / "scripts/evaluate_nmt.py"), "--model", str(work / "export"),
-                  "--data", f"tsv:{tsv}")
-    assert scored.returncode == 0, scored.stderr[-2000:]
-    result = json.loads(scored.stdout.strip().splitlines()[-1])
+    scored = _main(evaluate_command, capsys, "--model", work / "export", "--data", f"tsv:{tsv}")
+    result = json.loads(scored.strip().splitlines()[-1])
     assert result["n"] == 60 and set(result) == {"bleu", "chrf", "exact_match", "n"}
 
 
@@ -209,6 +222,10 @@ def test_a_reused_tokenizer_of_another_vocab_size_is_an_error_that_says_what_to_
     pairs, lines = generate_pairs(100), []
     path = str(tmp_path / "tokenizer.model")
     first = build_tokenizer(path, pairs, 120, lines.append)
+    assert os.listdir(tmp_path) == ["tokenizer.model"]  # no temporary file left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask  # as `open` makes it, not 0o600
     again = build_tokenizer(path, generate_pairs(50, seed=3), 120, lines.append)  # kept as is
     assert again.model_proto == first.model_proto
     with pytest.raises(ValueError) as info:

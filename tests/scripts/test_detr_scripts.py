@@ -4,11 +4,7 @@ import contextlib
 import importlib
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,15 +17,8 @@ from vision.data.shapes import ShapesGenerator
 # With `-n 2`, the tests of the shared README DETR run (`detr_workdir`) share a worker.
 pytestmark = pytest.mark.xdist_group("detr_workdir")
 
-ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {"train_detr.py": "vision.commands.train", "detect.py": "vision.commands.detect",
             "evaluate_detr.py": "vision.commands.evaluate"}  # what scripts/NAME runs
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
-
-
-def _run(script, *args, cwd=None):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / script), *map(str, args)],
-                          capture_output=True, text=True, env=ENV, cwd=cwd, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -82,16 +71,18 @@ def test_train_writes_the_work_directory(trained):
 
 
 @pytest.mark.slow
-def test_detect_writes_pictures_and_reports_unreadable_images(trained, coco_dir, tmp_path):
+def test_detect_writes_pictures_and_reports_unreadable_images(trained, coco_dir, tmp_path,
+                                                              capsys):
     work, _ = trained
     (tmp_path / "broken.png").write_bytes(b"this is no image")
     Image.fromarray(np.zeros((30, 50), np.uint8)).save(tmp_path / "gray.png")
     out = tmp_path / "out"
-    done = _run("detect.py", "--model", work / "export", "--threshold", 0.0, "--out", out,
-                coco_dir / "0.png", tmp_path / "broken.png", tmp_path / "missing.jpg",
-                tmp_path / "gray.png", coco_dir / "1.png")
-    assert done.returncode == 1, done.stderr[-3000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    code = _main("detect.py")("--model", work / "export", "--threshold", 0.0, "--out", out,
+                              coco_dir / "0.png", tmp_path / "broken.png",
+                              tmp_path / "missing.jpg", tmp_path / "gray.png", coco_dir / "1.png")
+    stderr = capsys.readouterr().err
+    assert code == 1, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and "broken.png" in errors[0] and "missing.jpg" in errors[1]
     assert sorted(p.name for p in out.iterdir()) == [
         "0.json", "0.png", "1.json", "1.png", "gray.json", "gray.png"]
@@ -109,13 +100,15 @@ def test_detect_writes_pictures_and_reports_unreadable_images(trained, coco_dir,
 
 
 @pytest.mark.slow
-def test_evaluate_scores_every_coco_image(trained, coco_dir):
+def test_evaluate_scores_every_coco_image(trained, coco_dir, capsys):
     work, _ = trained
-    done = _run("evaluate_detr.py", "--model", work / "export", "--data",
-                f"coco:{coco_dir}:{coco_dir / 'ann.json'}")
-    assert done.returncode == 0, done.stderr[-3000:]
-    scores = json.loads(done.stdout.strip().splitlines()[-1])
-    assert scores["n"] == 3 and set(scores) == {"AP", "AP50", "AP75", "n"}
+    code = _main("evaluate_detr.py")("--model", work / "export", "--data",
+                                     f"coco:{coco_dir}:{coco_dir / 'ann.json'}")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    scores = json.loads(captured.out.strip().splitlines()[-1])
+    assert scores["n"] == 3 and set(scores) == {"AP", "AP50", "AP75", "n", "empty_images",
+                                                "false_positives_per_empty_image"}
     assert all(0.0 <= scores[k] <= 1.0 for k in ("AP", "AP50", "AP75"))
 
 

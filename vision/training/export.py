@@ -61,9 +61,11 @@ def preprocess_images(images, image_size: int, max_size: int | None) -> tuple[di
         with ``sizes`` the original ``(H, W)`` of each image.
     """
     shape = tf.shape(images)
-    tf.debugging.assert_positive(
+    check = tf.debugging.assert_positive(
         shape[1:3], message=f"`{IMAGES_KEY}` must be (B, H, W, 3) with H and W of at least 1 "
                             "pixel; received an image of zero height or width")
+    with tf.control_dependencies([check]):  # before any op that a zero size would break
+        shape = tf.identity(shape)
     height, width = resized_shape(shape[1], shape[2], image_size, max_size)
     resized = tf.image.resize(images, tf.stack([height, width]), antialias=True)
     mask = tf.ones(tf.stack([shape[0], height, width]), tf.bool)
