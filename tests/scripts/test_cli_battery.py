@@ -8,6 +8,7 @@ case's folder or the fixtures changed. Run: pytest tests/scripts/test_cli_batter
 """
 
 import collections
+import fcntl
 import importlib
 import io
 import json
@@ -101,6 +102,13 @@ def fx(tmp_path_factory):
         struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
         for kind, data in ((b"IHDR", struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)),
                            (b"IDAT", zlib.compress(b"")), (b"IEND", b""))))
+    camera = io.BytesIO()  # a camera's JPEG that PIL reports as MPO (two pictures)
+    Image.fromarray(noise).save(camera, format="MPO", save_all=True,
+                                append_images=[Image.new("RGB", (64, 48))])
+    (img / "camera.jpg").write_bytes(camera.getvalue())
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored 64 wide and 48 high, displayed turned: 48 wide, 64 high
+    Image.fromarray(noise).save(img / "phone.jpg", format="JPEG", exif=exif)
     (fx / "invalid.json").write_text('{"images": [')
     images = _images()
     for name, kwargs in {
@@ -119,6 +127,11 @@ def fx(tmp_path_factory):
         "unknown_cat": dict(annotations=[_box([1, 1, 4, 4], category_id=42)]),
         "other_ids": dict(annotations=[], categories=[{**c, "id": c["id"] + 3}
                                                       for c in CATEGORIES]),
+        "camera": dict(images=[*images, {"id": 4, "file_name": "camera.jpg", "height": 48,
+                                         "width": 64}]),
+        # The size an annotation tool shows (the image as displayed), not the stored one.
+        "phone": dict(images=[*images, {"id": 4, "file_name": "phone.jpg", "height": 64,
+                                        "width": 48}]),
     }.items():
         _coco(fx / f"{name}.json", **kwargs)
     text = (lambda text: {"translation": tf.strings.upper(text)},
@@ -158,16 +171,26 @@ STATES = {  # work directory states: the files in it besides keep.txt
     "corrupt_tokenizer": {"tokenizer.model": "\x00\x01 no SentencePiece model"},
     "metrics_list": {"metrics.json": "[]\n"}, "metrics_invalid": {"metrics.json": '{"valid":\n'},
     "quick_metrics_list": {"nmt/metrics.json": "[]\n"},
+    "locked": {".lock": "4242"},
 }
 
 
+_HELD = []  # file descriptors of the "locked" state's lock, closed after its case
+
+
 def _prepare(case, root, fx):
-    """Writes ``root/work`` (sentinel, ``STATES[case.state]``); returns the case's argv."""
+    """Writes ``root/work`` (sentinel, ``STATES[case.state]``); returns the case's argv.
+
+    ``locked``: another process's run holds the work directory (its lock, its ``.lock``)."""
     work, state = root / "work", case.state
     files = {"keep.txt": "sentinel\n", **STATES[state]} if state != "file" else {"": "a file\n"}
     for path, text in ((work / name, text) for name, text in files.items()):
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(fx / "other.model", path) if text is None else path.write_text(text)
+    if state == "locked":  # flock: a second open file description is refused, as another
+        fd = os.open(work, os.O_RDONLY)  # process would be
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _HELD.append(fd)
     return [part.format(W=work, FX=fx, R=root) for part in shlex.split(case.command)]
 
 
@@ -271,6 +294,8 @@ CASES += [  # bad choices, data files, work-directory states and models
     C("detr-unknown-category", COCO + "unknown_cat.json", "unknown_cat.json", "42"),
     C("detr-too-many-objects", COCO + "good.json --num-queries 1", r"[012]\.png"),
     C("detr-workdir-file", DETR, F("--workdir"), "director", state="file"),
+    C("detr-two-processes", COCO + "good.json", "in use by process 4242", state="locked"),
+    C("nmt-two-processes", TSV, "in use by process 4242", state="locked"),
     C("detr-metrics-list", DETR, "metrics.json", state="metrics_list"),
     C("detect-nothing", DETECT + "nothing" + IMG, "nothing"),
     C("detect-translator", DETECT + "translator" + IMG, "translator"),
@@ -350,10 +375,34 @@ def test_bad_input_is_one_named_error(case, fx, tmp_path, monkeypatch, capsys):
     if case.stdin is not None:
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(case.stdin), "utf-8"))
     before = _snapshot(tmp_path, fx)
-    code = _run(argv[0], argv[1:], seconds=60)
+    try:
+        code = _run(argv[0], argv[1:], seconds=60)
+    finally:
+        while _HELD:
+            os.close(_HELD.pop())
     err = capsys.readouterr().err
     problems = _check(case, code, err, before, _snapshot(tmp_path, fx))
     assert not problems, f"{case.command}: {problems}\nstderr:\n{err[-2000:]}"
+
+
+GOOD_INPUT = [  # what must reach training (the trap on `fit`) with no error line
+    ("detr-mpo-camera-file", [COCO + "camera.json"]),
+    ("detr-exif-rotated-photo", [COCO + "phone.json"]),
+    # A corpus too small for the default --vocab-size, then the same command continued.
+    ("nmt-small-corpus-continued", [TSV + " --max-steps 1", TSV + " --max-steps 2"]),
+]
+
+
+@pytest.mark.parametrize("commands", [c for _, c in GOOD_INPUT], ids=[i for i, _ in GOOD_INPUT])
+def test_good_input_reaches_training(commands, fx, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(keras.Model, "fit", mock.Mock(side_effect=_Stopped("training started")))
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        argv = [part.format(W=tmp_path / "work", FX=fx) for part in shlex.split(command)]
+        code = _run(argv[0], argv[1:], seconds=60)
+        err = capsys.readouterr().err
+        assert code == "training started", f"{command}: exit {code}\n{err[-2000:]}"
+        assert "error:" not in err and "Traceback" not in err, err[-2000:]
 
 
 def test_the_battery_covers_every_script():
