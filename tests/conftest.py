@@ -93,6 +93,31 @@ def nmt_workdir(tmp_path_factory):
     return work, tsv, done
 
 
+def _dots_coco(folder, objects_per_image) -> str:
+    """A one-class ("dot") ``coco:`` source in ``folder``: a black 32x32 PNG per entry of
+    ``objects_per_image``, holding that many 2x2 boxes; returns its spec."""
+    import json
+
+    from PIL import Image
+
+    images, annotations = [], []
+    for index, count in enumerate(objects_per_image):
+        Image.new("RGB", (32, 32)).save(folder / f"{index}.png")
+        images.append({"id": index + 1, "file_name": f"{index}.png", "width": 32, "height": 32})
+        annotations += [{"id": len(annotations) + 1, "image_id": index + 1, "category_id": 1,
+                         "bbox": [i, i, 2, 2]} for i in range(count)]
+    (folder / "ann.json").write_text(json.dumps({
+        "images": images, "categories": [{"id": 1, "name": "dot"}],
+        "annotations": annotations}))
+    return f"coco:{folder}:{folder / 'ann.json'}"
+
+
+@pytest.fixture(scope="session")
+def dots_coco():
+    """`_dots_coco`: ``dots_coco(tmp_path, [3, 1])`` -> ``"coco:DIR:DIR/ann.json"``."""
+    return _dots_coco
+
+
 DETR_NAMES = ("circle", "square", "triangle")
 DETR_SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6,
                   tiny_filters=(8, 16, 16, 32), num_encoder_layers=1, num_decoder_layers=2)

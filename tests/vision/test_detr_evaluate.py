@@ -2,7 +2,6 @@
 
 import contextlib
 import io
-import json
 
 import keras
 import numpy as np
@@ -210,28 +209,14 @@ def test_too_many_objects_are_recorded_left_out_and_raised_with_their_fields():
     _assert_fields(error_info.value, 7, 3, 2)
 
 
-def _coco(tmp_path, objects_per_image):
-    """A COCO source with one 32x32 image per entry, holding that many 2x2 boxes."""
-    images, annotations = [], []
-    for index, count in enumerate(objects_per_image):
-        Image.new("RGB", (32, 32)).save(tmp_path / f"{index}.png")
-        images.append({"id": index + 1, "file_name": f"{index}.png", "width": 32, "height": 32})
-        annotations += [{"id": len(annotations) + 1, "image_id": index + 1, "category_id": 1,
-                         "bbox": [i, i, 2, 2]} for i in range(count)]
-    ann = {"images": images, "categories": [{"id": 1, "name": "dot"}],
-           "annotations": annotations}
-    (tmp_path / "ann.json").write_text(json.dumps(ann))
-    return f"coco:{tmp_path}:{tmp_path / 'ann.json'}"
-
-
 TINY_RUN = dict(hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=2, tiny_filters=(8, 16),
                 num_encoder_layers=1, num_decoder_layers=1, batch_size=2, image_size=32,
                 max_image_size=32)
 
 
-def test_train_detr_stops_on_too_many_objects_before_training(tmp_path):
+def test_train_detr_stops_on_too_many_objects_before_training(tmp_path, dots_coco):
     # Sources that know their counts fail before training.
-    data = _coco(tmp_path, [3, 1])
+    data = dots_coco(tmp_path, [3, 1])
     with pytest.raises(TooManyObjectsError) as error_info:
         train_detr(data, tmp_path / "run", preset("tiny-detr", **TINY_RUN),
                    RunOptions(valid_fraction=0.0), log=lambda *a: None)
@@ -240,10 +225,11 @@ def test_train_detr_stops_on_too_many_objects_before_training(tmp_path):
 
 
 @pytest.mark.slow  # one DETR train step is traced (~15 s)
-def test_train_detr_stops_on_too_many_objects_found_while_training(tmp_path, monkeypatch):
+def test_train_detr_stops_on_too_many_objects_found_while_training(tmp_path, monkeypatch,
+                                                                  dots_coco):
     # Counts unknown up front (as for tfds:): the pipeline finds the image, fit stops.
     monkeypatch.setattr(DetectionSource, "check_max_objects", lambda *args: None)
-    data = _coco(tmp_path, [3, 1])
+    data = dots_coco(tmp_path, [3, 1])
     with pytest.raises(TooManyObjectsError) as error_info:
         train_detr(data, tmp_path / "run", preset("tiny-detr", **TINY_RUN),
                    RunOptions(valid_fraction=0.0, max_steps=3), log=lambda *a: None)

@@ -1,7 +1,6 @@
 """`vision.pretrained.init_from`: a detector started from an export, a work directory or a
 model.keras, the class heads kept, reordered or re-initialized, queries cut, misfits refused."""
 
-import json
 import shutil
 import types
 
@@ -9,7 +8,6 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from PIL import Image
 
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.workdir import Workdir
@@ -28,20 +26,6 @@ def _small(config, **changes) -> dict:
     fields = ("hidden_dim", "num_heads", "ffn_dim", "num_queries", "tiny_filters",
               "num_encoder_layers", "num_decoder_layers")
     return {**{name: getattr(config, name) for name in fields}, **changes}
-
-
-def _coco(tmp_path, objects_per_image):
-    """A one-class ("dot") COCO source: a 32x32 image per entry with that many 2x2 boxes."""
-    images, annotations = [], []
-    for index, count in enumerate(objects_per_image):
-        Image.new("RGB", (32, 32)).save(tmp_path / f"{index}.png")
-        images.append({"id": index + 1, "file_name": f"{index}.png", "width": 32, "height": 32})
-        annotations += [{"id": len(annotations) + 1, "image_id": index + 1, "category_id": 1,
-                         "bbox": [4 * i, 4 * i, 2, 2]} for i in range(count)]
-    (tmp_path / "ann.json").write_text(json.dumps({
-        "images": images, "categories": [{"id": 1, "name": "dot"}],
-        "annotations": annotations}))
-    return f"coco:{tmp_path}:{tmp_path / 'ann.json'}"
 
 
 def _arrays(model):
@@ -137,9 +121,9 @@ class _FitStarted(Exception):
 
 
 def test_train_detr_starts_a_new_run_from_it_and_a_resumed_one_from_its_own_state(
-        exported, tmp_path, monkeypatch):
+        exported, tmp_path, monkeypatch, dots_coco):
     path, config, source = exported
-    data = _coco(tmp_path, [1, 2, 1, 1])  # one class, "dot": a new class list
+    data = dots_coco(tmp_path, [1, 2, 1, 1])  # one class, "dot": a new class list
     started = {}
 
     def fit(model, *args, **kwargs):  # the weights the first step would start from

@@ -44,10 +44,10 @@ import tensorflow as tf
 from tfx_transformer.training.bounds import Progress, ScheduleProgress, plan_epochs
 from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
 from tfx_transformer.training.checkpoints import Averaging
-from tfx_transformer.training.data_spec import normalized
-from tfx_transformer.training.distribute import broadcast_from_chief, get_strategy, is_chief
+from tfx_transformer.training.distribute import get_strategy, is_chief
 from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
+from tfx_transformer.training.run_state import check_data, needs_training, read_run_state
 from tfx_transformer.training.saving import check_export, check_training_space
 from tfx_transformer.training.task import Task, TaskData  # re-exported
 from tfx_transformer.training.workdir import (
@@ -178,10 +178,10 @@ class Trainer:
         spec = self._check_data(task.data)
         request, state = self._request(task.default_epochs), self._read_state()
         if self.run.strategy == "multi_worker" and is_chief() and \
-                self._needs_training(state, request):
+                needs_training(state, request):
             watch = peer_watch()  # until the first step: a worker that fails before it
             watch.watch(set(watch.peers))  # would leave the chief waiting
-        if state.get("phase") == "finished" and not self._needs_training(state, request):
+        if state.get("phase") == "finished" and not needs_training(state, request):
             self.log(f"{self.workdir.root}: this run finished earlier ({state.get('epochs')} "
                      f"epochs, {state.get('steps')} steps); export/, checkpoints/ and "
                      "metrics.json are left as they are. A larger --epochs or --max-steps "
@@ -198,10 +198,10 @@ class Trainer:
             raise ValueError("no training batches: the training data is empty")
         # A new model trains from scratch (or from a task's initial weights); otherwise the
         # run's own state (backup, checkpoints) replaces whatever the model starts with.
-        self.fresh = self._needs_training(state, request) and not self.resume_epoch
+        self.fresh = needs_training(state, request) and not self.resume_epoch
         with self.strategy.scope():
             model = task.build_model(self, data)
-        if self._needs_training(state, request):
+        if needs_training(state, request):
             state = self._fit(task, model, data, request, spec, callbacks)
         elif is_chief():
             self._restore(model, state)
@@ -263,28 +263,11 @@ class Trainer:
                             train_seconds=round(time.monotonic() - self.started, 1))
 
     def _check_data(self, data: str) -> str:
-        """A work directory continues one data set, split alike: another ``--data``,
-        ``--valid-fraction`` or ``--seed`` is an error (it would silently keep the earlier
-        run's tokenizer and weights, or train on its held-out examples). A new run records
-        them before anything derived from the data is written. Returns the spec as recorded
-        (paths made absolute)."""
-        spec = normalized(data)
-        split = {"valid_fraction": self.run.valid_fraction, "seed": self.run.seed}
+        """The data spec as recorded; a new run records it (and its split) now."""
         state = read_state(self.workdir)
-        recorded, recorded_split = state.get("data"), state.get("split", split)
-        if recorded is None:
+        spec, split = check_data(state, data, self.run, self.workdir.root)
+        if split is not None:
             self._record(phase=state.get("phase", "training"), data=spec, split=split)
-        elif recorded != spec:
-            raise ValueError(
-                f"--data {data}: {self.workdir.root} holds a run on --data {recorded}; go on "
-                "with that --data, or use --restart (or a new --workdir) to train on new data")
-        for name, value in recorded_split.items():
-            if split[name] != value:
-                flag = "--" + name.replace("_", "-")
-                raise ValueError(
-                    f"{flag} {split[name]}: {self.workdir.root} holds a run with {flag} "
-                    f"{value} (another split would train on its held-out examples); go on "
-                    f"with {flag} {value}, or use --restart (or a new --workdir)")
         return spec
 
     def _state_files(self, task: Task) -> list:
@@ -295,33 +278,9 @@ class Trainer:
         return {"epochs": self.run.fit_epochs(default_epochs), "max_steps": self.run.max_steps,
                 "time_budget": self.run.time_budget}
 
-    def _needs_training(self, state: dict, request: dict) -> bool:
-        """False when the recorded fit already covers ``request`` (or is the same request)."""
-        if state.get("phase", "training") == "training":
-            return True
-        epochs, steps = state.get("epochs", 0), state.get("steps", 0)
-        if epochs >= request["epochs"] or (
-                request["max_steps"] is not None and steps >= request["max_steps"]):
-            return False
-        return request != state.get("request")
-
     def _read_state(self) -> dict:
-        """``run.json``: the chief's on every worker (broadcast by the chief under
-        ``multi_worker``; the others have none), so that all of them take the same path. A
-        worker that went on alone would wait for its peers in `fit` for ever. Also sets
-        ``resume_epoch``: the epochs the chief's backup holds (0 without one)."""
-        state = read_state(self.workdir)
-        metadata = self.workdir.backup / "training_metadata.json"
-        try:
-            epoch = int(json.loads(metadata.read_text()).get("epoch", 0))
-        except (OSError, ValueError, AttributeError):
-            epoch = 0  # none, or broken: `check_workdir` and the restore name it
-        if self.run.strategy == "multi_worker":
-            payload = json.dumps({"state": state, "epoch": epoch}).encode("utf-8") \
-                if is_chief() else None
-            received = json.loads(broadcast_from_chief(payload, self.strategy).decode("utf-8"))
-            state, epoch = received["state"], received["epoch"]
-        self.resume_epoch = epoch
+        """`read_run_state`; sets ``resume_epoch`` (0 without a backup)."""
+        state, self.resume_epoch = read_run_state(self.workdir, self.run, self.strategy)
         return state
 
     def _record(self, **fields: Any) -> dict:
