@@ -48,9 +48,12 @@ class DetrConfig:
     name: str = "r50"
 
     # Backbone.
-    backbone: str = "resnet50"  # "resnet50" (stride 32, 2048 channels) or "tiny" (stride 16)
-    # Local ImageNet weights file for keras.applications.ResNet50 (include_top=False); None
-    # starts from random weights. Nothing is ever downloaded.
+    # "resnet50" or "resnet101" (torchvision's v1.5, DETR's; stride 32, 2048 channels) or
+    # "tiny" (stride 16).
+    backbone: str = "resnet50"
+    # A local torchvision-layout ResNet state dict (.pth, or .safetensors with the same names)
+    # with the ImageNet weights DETR starts from; None starts from random weights. Nothing is
+    # ever downloaded.
     backbone_weights: str | None = None
     tiny_filters: tuple[int, ...] = (32, 64, 128, 256)  # one stride-2 conv block per entry
 
@@ -155,9 +158,9 @@ def _check_values(config: DetrConfig) -> None:
     if config.backbone not in BACKBONES:
         _fail("backbone", config.backbone, f"one of {BACKBONES}")
     if config.backbone_weights is not None and (
-            config.backbone != "resnet50" or not isinstance(config.backbone_weights, str)):
+            config.backbone == "tiny" or not isinstance(config.backbone_weights, str)):
         _fail("backbone_weights", config.backbone_weights,
-              "None, or a weights file path with backbone='resnet50'")
+              "None, or a weights file path with a ResNet backbone")
     if config.hidden_dim % 4 or config.hidden_dim % config.num_heads:
         _fail("hidden_dim", config.hidden_dim,
               f"a multiple of 4 and of num_heads={config.num_heads}")
@@ -200,6 +203,9 @@ _TINY = dict(
 
 PRESETS: dict[str, DetrConfig] = {
     "r50": DetrConfig(),
+    # facebookresearch/detr's DETR-R50 as published: the model its checkpoints load into
+    # (vision.pretrained.load_reference_checkpoint).
+    "r50-detr": DetrConfig(name="r50-detr"),
     # Vanilla DETR at the reference CPU setting (how it converges: benchmarks/README.md).
     "tiny-detr": DetrConfig(name="tiny-detr", **_TINY),
     # The same model size with the convergence aids that make it learn in minutes on a CPU:
@@ -225,7 +231,7 @@ def preset(name: str, **overrides) -> DetrConfig:
     """Returns the named preset, with some fields replaced.
 
     Args:
-        name: ``"tiny"``, ``"tiny-detr"`` or ``"r50"``.
+        name: a key of `PRESETS` (``"tiny"``, ``"tiny-detr"``, ``"r50"``, ``"r50-detr"``).
         **overrides: fields of `DetrConfig` to replace.
 
     Returns:

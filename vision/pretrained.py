@@ -29,12 +29,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["SourceWeights", "check_init_source", "init_from", "read_weights"]
+__all__ = ["SourceWeights", "check_init_source", "init_from", "load_reference_checkpoint",
+           "read_weights"]
 
 _MODEL_FILE = "model.keras"
 _CLASSES_FILE = "classes.json"
 _PER_QUERY = ("query_embed", "reference_logits")
-_REFERENCE_FORMATS = (".pth", ".pt", ".safetensors", ".bin")
+_REFERENCE_FORMATS = (".pth", ".pt", ".safetensors", ".bin")  # `vision.reference`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +71,11 @@ def _resolve(source: str | os.PathLike) -> tuple[str, str]:
     if not os.path.exists(path):
         raise ValueError(f"--init-from {path}: no such file or directory")
     if path.endswith(_REFERENCE_FORMATS):
-        raise ValueError(
-            f"--init-from {path}: PyTorch and safetensors checkpoints (facebookresearch/detr, "
-            "transformers) cannot be read yet; start from a train_detr.py work directory, an "
-            f"export or a {_MODEL_FILE} file")
+        return "reference", path
     if path.endswith(".keras"):
         return "keras", path
-    raise ValueError(f"--init-from {path}: not a work directory, an export or a .keras file")
+    raise ValueError(f"--init-from {path}: not a work directory, an export, a .keras file or a "
+                     "DETR checkpoint (.pth, .safetensors)")
 
 
 def check_init_source(source: str | os.PathLike) -> None:
@@ -100,6 +99,11 @@ def read_weights(source: str | os.PathLike) -> SourceWeights:
         ValueError: ``source`` is missing or of another kind; the message names it.
     """
     kind, path = _resolve(source)
+    if kind == "reference":
+        from vision.reference import read_reference
+
+        reference = read_reference(path, "--init-from")
+        return SourceWeights(reference.arrays, reference.class_names, path)
     if kind == "export":
         import tensorflow as tf
 
@@ -207,3 +211,38 @@ def _class_columns(source_names: Sequence[str] | None, names: list[str]) -> list
     source_names = list(source_names)
     return [source_names.index(name) for name in names] + [len(names)]
 
+
+
+def load_reference_checkpoint(path: str | os.PathLike, flag: str = "checkpoint"):
+    """A facebookresearch/detr ``.pth`` or transformers ``model.safetensors`` as a `DETR`.
+
+    The model is the ``r50-detr`` preset with the checkpoint's backbone (ResNet-50 or -101),
+    sizes and number of queries; its class head keeps the checkpoint's real classes (COCO's
+    80, without the unused ids), named by ``model.class_names`` and, for COCO, numbered by
+    ``model.category_ids`` (see `vision.reference`).
+
+    Raises:
+        ValueError: the file cannot be read, is of neither layout, or torch is missing for a
+            ``.pth``; the message names ``flag`` and the file.
+    """
+    from vision.config import preset
+    from vision.modeling.detr import build_model
+    from vision.reference import read_reference
+
+    reference = read_reference(path, flag)
+    config = preset("r50-detr", **reference.config)
+    model = build_model(config, len(reference.class_names))
+    own = {_relative(v.path): v for v in model.weights}
+    missing = sorted(set(own) - set(reference.arrays))
+    if missing:
+        raise ValueError(f"{flag} {path}: it has no weight for {missing[0]!r}")
+    for key, variable in own.items():
+        array = reference.arrays[key]
+        if array.shape != tuple(variable.shape):
+            raise ValueError(f"{flag} {path}: {key!r} is {array.shape} there, "
+                             f"{tuple(variable.shape)} here")
+        variable.assign(array.astype(variable.dtype))
+    model.class_names = reference.class_names
+    model.category_ids = reference.category_ids
+    model.detr_config = config
+    return model

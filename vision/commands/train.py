@@ -39,7 +39,8 @@ CONFIG_FLAGS = {
         type=positive(float), metavar="NORM",
         help="clip the gradients to this global norm (default: the preset's, DETR's 0.1)")),
     "backbone_weights": ("--backbone-weights", dict(
-        metavar="FILE", help="r50: local Keras ResNet-50 ImageNet weights (..._notop.h5)")),
+        metavar="FILE", help="r50: local ImageNet weights of torchvision's ResNet-50 (.pth, or "
+                             ".safetensors with the same names)")),
 }
 
 

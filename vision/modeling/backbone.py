@@ -1,4 +1,5 @@
-"""CNN backbones of the detector: ResNet-50 (DETR's) and a small CNN for CPU work.
+"""CNN backbones of the detector: ResNet-50/101 (DETR's, `vision.modeling.resnet`) and a small
+CNN for CPU work.
 
 Both take images normalized with the ImageNet mean and standard deviation (RGB, DETR's
 convention) and return one feature map ``(B, ceil(H / stride), ceil(W / stride), C)``. Their
@@ -8,83 +9,19 @@ learning rate.
 
 from __future__ import annotations
 
-import os
-
 import keras
 from keras import ops
 
 from tfx_transformer import checks
+from vision.modeling.resnet import ResNetBackbone
 
-__all__ = ["BACKBONES", "IMAGENET_MEAN", "IMAGENET_STD", "ResNet50Backbone", "TinyBackbone",
+__all__ = ["BACKBONES", "IMAGENET_MEAN", "IMAGENET_STD", "ResNetBackbone", "TinyBackbone",
            "build_backbone"]
 
-BACKBONES = ("resnet50", "tiny")  # the names `build_backbone` accepts
+BACKBONES = ("resnet50", "resnet101", "tiny")  # the names `build_backbone` accepts
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # RGB, of pixel values in [0, 1]
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-# Keras ResNet-50 layer name prefixes of the stem (conv1_*, pool1_*) and first stage
-# (conv2_*, DETR's "layer1"), which DETR never trains.
-_FROZEN_PREFIXES = ("conv1_", "pool1_", "conv2_")
-
-
-@keras.saving.register_keras_serializable(package="vision")
-class ResNet50Backbone(keras.layers.Layer):
-    """``keras.applications.ResNet50`` without its head, as DETR uses it.
-
-    Every BatchNormalization layer is frozen (not trainable, always in inference mode, like
-    DETR's ``FrozenBatchNorm2d``) and the stem and first stage are not trained. Output stride
-    32, 2048 channels. Inputs are converted in the graph from ImageNet mean/std normalized RGB
-    to the "caffe" convention Keras's ImageNet weights expect (BGR, 0-255, mean subtracted),
-    so those weights work unchanged. The padding mask is not used: as in DETR, padded pixels
-    (zeros after normalization) reach the features at the border of each image.
-
-    Args:
-        **kwargs: base layer arguments.
-
-    Call arguments:
-        images: ``(B, H, W, 3)`` float, mean/std normalized RGB.
-        valid: ignored; accepted so that every backbone has the same call signature.
-
-    Returns:
-        ``(B, ceil(H / 32), ceil(W / 32), 2048)``.
-    """
-
-    stride = 32
-    output_channels = 2048
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.body = keras.applications.ResNet50(
-            include_top=False, weights=None, input_shape=(None, None, 3), name="resnet50"
-        )
-        self._freeze()
-
-    def _freeze(self) -> None:
-        for layer in self.body.layers:
-            if isinstance(layer, keras.layers.BatchNormalization):
-                layer.trainable = False
-            if layer.name.startswith(_FROZEN_PREFIXES):
-                layer.trainable = False
-
-    def load_pretrained(self, path: str) -> None:
-        """Loads weights from a local file (e.g. Keras's ``..._notop.h5`` ImageNet weights)."""
-        if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(path):
-            raise ValueError(f"`weights` must be a path to a local file. Received: {path!r}")
-        self.body.load_weights(path)
-        self._freeze()
-
-    def build(self, images_shape, valid_shape=None):
-        self.built = True  # the functional body is built at construction
-
-    def call(self, images, valid=None, training=None):
-        del valid, training  # frozen BatchNorm: always inference mode
-        scale = ops.convert_to_tensor([255.0 * s for s in IMAGENET_STD], images.dtype)
-        caffe = ops.flip(images * scale, axis=-1)  # RGB (x - mean) / std -> BGR 255 (x - mean)
-        return self.body(caffe, training=False)
-
-    def compute_output_shape(self, images_shape, valid_shape=None):
-        return _strided_shape(images_shape, self.stride, self.output_channels)
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -168,22 +105,28 @@ def _strided_shape(images_shape, stride: int, channels: int) -> tuple:
 
 def build_backbone(
     name: str, weights: str | None = None, **kwargs
-) -> ResNet50Backbone | TinyBackbone:
+) -> ResNetBackbone | TinyBackbone:
     """Builds a backbone by name.
 
     Args:
-        name: ``"resnet50"`` or ``"tiny"``.
-        weights: for ``"resnet50"``: a local weights file (e.g. Keras's ResNet-50
-            ``..._notop.h5``) or ``None`` for random weights. Must be ``None`` for ``"tiny"``.
+        name: ``"resnet50"``, ``"resnet101"`` or ``"tiny"``.
+        weights: for a ResNet: a local torchvision-layout state dict (ImageNet weights as
+            DETR starts from them: torchvision's ``resnet50-0676ba61.pth``, or the same
+            names in a ``.safetensors`` file, which needs no torch), or ``None`` for random
+            weights. Must be ``None`` for ``"tiny"``.
         **kwargs: layer arguments (``filters`` for ``"tiny"``).
 
     Returns:
-        The backbone layer; it has ``stride`` and ``output_channels`` attributes.
+        The built backbone layer; it has ``stride`` and ``output_channels`` attributes.
     """
-    if name == "resnet50":
-        backbone = ResNet50Backbone(name="backbone", **kwargs)
+    if name in ("resnet50", "resnet101"):
+        backbone = ResNetBackbone(int(name.removeprefix("resnet")), name="backbone", **kwargs)
+        backbone.build((None, None, None, 3))
         if weights is not None:
-            backbone.load_pretrained(weights)
+            from vision.reference import read_state_dict
+
+            backbone.load_torchvision(read_state_dict(weights, "--backbone-weights"),
+                                      f"--backbone-weights {weights}")
         return backbone
     if name == "tiny":
         if weights is not None:
