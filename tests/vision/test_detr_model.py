@@ -5,11 +5,12 @@ import re
 import keras
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 import vision.training.set_loss as set_loss_module
 from vision.config import preset
 from vision.matching.losses import SetCriterion
-from vision.modeling.backbone import ResNet50Backbone, TinyBackbone, build_backbone
+from vision.modeling.backbone import ResNetBackbone, TinyBackbone, build_backbone
 from vision.modeling.detr import DETR, DetrOutput, build_criterion, build_model
 from vision.modeling.postprocess import postprocess
 from vision.training.optimizer import DetrAdamW, build_optimizer
@@ -286,28 +287,47 @@ def test_postprocess_matches_a_hand_computation():
         postprocess({"pred_logits": logits, "pred_boxes": boxes}, np.array([100, 200]))
 
 
-def test_resnet50_backbone_stride_32_frozen_batchnorm_and_local_weights(tmp_path):
+def test_resnet50_backbone_torchvision_layout_frozen_batchnorm_and_local_weights(tmp_path):
     backbone = build_backbone("resnet50")
-    assert isinstance(backbone, ResNet50Backbone)
-    images = _images(np.random.default_rng(4), 1, 64, 96)
+    assert isinstance(backbone, ResNetBackbone)
+    images = _images(np.random.default_rng(4), 1, 64, 97)
     features = keras.ops.convert_to_numpy(backbone(images))
-    assert features.shape == (1, 2, 3, 2048)
-    layers = backbone.body.layers
-    batch_norms = [layer for layer in layers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert features.shape == (1, 2, 4, 2048)  # ceil(H / 32), as PyTorch's padded convs give
+    layers = {layer.name: layer for layer in backbone._layers_in_order()}
+    batch_norms = [layer for layer in layers.values()
+                   if isinstance(layer, keras.layers.BatchNormalization)]
     assert len(batch_norms) == 53 and not any(layer.trainable for layer in batch_norms)
-    stem = [layer for layer in layers if layer.name.startswith(("conv1_", "conv2_"))]
-    assert stem and not any(layer.trainable_weights for layer in stem)
-    trainable_names = {v.path.split("/")[-2] for v in backbone.trainable_variables}
-    assert "conv3_block1_1_conv" in trainable_names and "conv1_conv" not in trainable_names
-    assert not any("bn" in name for name in trainable_names)
+    assert all(layer.epsilon == 1e-5 for layer in batch_norms)  # DETR's FrozenBatchNorm2d
+    # v1.5: a stage's stride is in its first block's 3x3 convolution, not in the 1x1.
+    assert layers["layer2_0_conv2"].strides == (2, 2) and layers["layer2_0_conv1"].strides == (1, 1)
+    trainable = {v.path.split("/")[-2] for v in backbone.trainable_variables}
+    assert "layer2_0_conv1" in trainable and "layer4_2_conv3" in trainable
+    assert not any(name.startswith(("conv1", "layer1_")) or "bn" in name for name in trainable)
     # BatchNorm runs in inference mode even when training.
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(backbone(images, training=True)), features, atol=1e-5
     )
-    # Weights from a local file (as Keras's ImageNet `..._notop.h5` would be loaded).
-    path = str(tmp_path / "r50.weights.h5")
-    backbone.body.save_weights(path)
-    reloaded = build_backbone("resnet50", weights=path)
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(reloaded(images)), features, atol=1e-5)
-    with pytest.raises(ValueError, match="weights"):
-        build_backbone("resnet50", weights=str(tmp_path / "missing.h5"))
+    # Weights from a local torchvision-layout file (PyTorch's (out, in, kh, kw) convolutions).
+    state = {}
+    for layer in layers.values():
+        name = layer.name.replace("_", ".")
+        if isinstance(layer, keras.layers.Conv2D):
+            state[f"{name}.weight"] = np.ascontiguousarray(np.random.default_rng(len(state)).normal(
+                0, 0.05, keras.ops.shape(layer.kernel)).astype("float32").transpose(3, 2, 0, 1))
+        else:
+            for theirs, ours in (("weight", "gamma"), ("bias", "beta"), ("running_mean",
+                                 "moving_mean"), ("running_var", "moving_variance")):
+                state[f"{name}.{theirs}"] = keras.ops.convert_to_numpy(getattr(layer, ours)) + 0.5
+    save_file(state, str(tmp_path / "resnet50.safetensors"))
+    reloaded = build_backbone("resnet50", weights=str(tmp_path / "resnet50.safetensors"))
+    kernel = keras.ops.convert_to_numpy(reloaded._layers_in_order()[0].kernel)  # conv1
+    np.testing.assert_array_equal(kernel[6, 2, 1, 9], state["conv1.weight"][9, 1, 6, 2])
+    reloaded_layers = {layer.name: layer for layer in reloaded._layers_in_order()}
+    moving_var = keras.ops.convert_to_numpy(reloaded_layers["layer3_0_bn2"].moving_variance)
+    np.testing.assert_array_equal(moving_var, state["layer3.0.bn2.running_var"])
+    with pytest.raises(ValueError, match="no such file"):
+        build_backbone("resnet50", weights=str(tmp_path / "missing.pth"))
+    del state["layer4.2.bn3.bias"]
+    save_file(state, str(tmp_path / "partial.safetensors"))
+    with pytest.raises(ValueError, match="layer4_2_bn3/beta"):
+        build_backbone("resnet50", weights=str(tmp_path / "partial.safetensors"))

@@ -107,9 +107,10 @@ def test_what_cannot_fit_is_refused_naming_the_source(exported, tmp_path):
     deeper = build_model(preset("tiny", **_small(config, num_decoder_layers=3)), 3)
     with pytest.raises(ValueError, match="it has no 'decoder/layer_2/"):
         init_from(deeper, path, DETR_NAMES, lambda *a: None)
-    (tmp_path / "detr.pth").write_bytes(b"\x80\x02")
+    (tmp_path / "detr.onnx").write_bytes(b"\x80\x02")
     (tmp_path / "empty").mkdir()
-    for source, message in ((tmp_path / "detr.pth", "cannot be read yet"),
+    for source, message in ((tmp_path / "detr.onnx", "not a work directory, an export, a "
+                             r"\.keras file or a DETR checkpoint \(\.pth, \.safetensors\)"),
                             (tmp_path / "missing", "no such file or directory"),
                             (tmp_path / "empty", "has no model.keras")):
         with pytest.raises(ValueError, match=f"--init-from {source}: .*{message}"):

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
+from tfx_transformer.training.h5files import NEW_DIR_MODE
+
 __all__ = ["write_export_dir"]
 
 TMP_PREFIX = ".export-"  # the new export while it is written
@@ -41,6 +43,7 @@ def write_export_dir(path: str | os.PathLike, write: Callable[[str], object]) ->
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
+    os.chmod(tmp, NEW_DIR_MODE)
     try:
         write(tmp)
         _swap_in(tmp, path, parent)

@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["CHECKPOINT_NAME", "NEW_FILE_MODE", "TMP_PREFIX", "NoSpaceError", "checkpoint_files",
-           "copy_weights_only", "opens", "remove_leftovers", "write_atomically"]
+__all__ = ["CHECKPOINT_NAME", "NEW_DIR_MODE", "NEW_FILE_MODE", "TMP_PREFIX", "NoSpaceError",
+           "checkpoint_files", "copy_weights_only", "opens", "remove_leftovers", "write_atomically"]
 
 TMP_PREFIX = ".tmp-"  # a file being written; one left behind by a kill is deleted at start
 CHECKPOINT_NAME = "epoch-{epoch:03d}.weights.h5"  # an epoch checkpoint (1-based epoch)
@@ -46,6 +46,8 @@ def _new_file_mode() -> int:
 # What ``open`` gives a new file under the process's umask (read once, at import: setting the
 # umask to read it is not thread-safe); ``tempfile.mkstemp`` files are 0o600.
 NEW_FILE_MODE = _new_file_mode()
+# The same for ``os.mkdir`` (``tempfile.mkdtemp`` directories are 0o700): readable -> listable.
+NEW_DIR_MODE = NEW_FILE_MODE | (NEW_FILE_MODE & 0o444) >> 2
 
 
 class NoSpaceError(ValueError):

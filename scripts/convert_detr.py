@@ -1,0 +1,3 @@
+from vision.commands.convert import main
+
+raise SystemExit(main())
