@@ -213,13 +213,14 @@ def _class_columns(source_names: Sequence[str] | None, names: list[str]) -> list
 
 
 
-def load_reference_checkpoint(path: str | os.PathLike, flag: str = "checkpoint"):
+def load_reference_checkpoint(path: str | os.PathLike, flag: str = "checkpoint", **overrides):
     """A facebookresearch/detr ``.pth`` or transformers ``model.safetensors`` as a `DETR`.
 
     The model is the ``r50-detr`` preset with the checkpoint's backbone (ResNet-50 or -101),
     sizes and number of queries; its class head keeps the checkpoint's real classes (COCO's
     80, without the unused ids), named by ``model.class_names`` and, for COCO, numbered by
-    ``model.category_ids`` (see `vision.reference`).
+    ``model.category_ids`` (see `vision.reference`). ``overrides``: other `DetrConfig` fields
+    (e.g. ``dropout=0.0``); the model's config is ``model.detr_config``.
 
     Raises:
         ValueError: the file cannot be read, is of neither layout, or torch is missing for a
@@ -230,7 +231,7 @@ def load_reference_checkpoint(path: str | os.PathLike, flag: str = "checkpoint")
     from vision.reference import read_reference
 
     reference = read_reference(path, flag)
-    config = preset("r50-detr", **reference.config)
+    config = preset("r50-detr", **{**reference.config, **overrides})
     model = build_model(config, len(reference.class_names))
     own = {_relative(v.path): v for v in model.weights}
     missing = sorted(set(own) - set(reference.arrays))

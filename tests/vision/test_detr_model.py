@@ -148,6 +148,28 @@ def test_weight_decay_uses_each_variable_learning_rate():
     np.testing.assert_allclose(other_var.numpy(), 2.0 * (1 - 0.5 * 0.1), rtol=1e-6)
 
 
+def test_the_step_is_pytorch_adamw_with_epsilon_on_the_bias_corrected_root():
+    """Three steps against PyTorch's AdamW written out: m_hat / (sqrt(v_hat) + eps), with
+    gradients small enough (1e-8..1e-6) that Keras's eps on the uncorrected root differs."""
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal(5).astype("float64")
+    grads = [rng.choice([-1, 1], 5) * 10.0 ** rng.uniform(-8, -6, 5) for _ in range(3)]
+    variable = keras.Variable(w0.astype("float32"), name="w")
+    optimizer = DetrAdamW(learning_rate=1e-2, weight_decay=0.1, global_clipnorm=None)
+    optimizer.set_backbone_variables([])
+    w, m, v = w0.copy(), np.zeros(5), np.zeros(5)
+    for t, g in enumerate(grads, 1):
+        optimizer.apply([g.astype("float32")], [variable])
+        w = w - 1e-2 * 0.1 * w
+        m, v = 0.9 * m + 0.1 * g, 0.999 * v + 0.001 * g * g
+        w = w - 1e-2 * (m / (1 - 0.9**t)) / (np.sqrt(v / (1 - 0.999**t)) + 1e-8)
+    np.testing.assert_allclose(variable.numpy(), w, rtol=0, atol=1e-6)
+    keras_eps = w0 - 1e-2 * 0.1 * w0 - 1e-2 * np.sqrt(1 - 0.999) / 0.1 * (0.1 * grads[0]) / (
+        np.sqrt(0.001 * grads[0] ** 2) + 1e-8)  # Keras's Adam after one step, for contrast
+    assert np.max(np.abs(keras_eps - (w0 - 1e-3 * w0 - 1e-2 * grads[0] / (
+        np.abs(grads[0]) + 1e-8)))) > 1e-3
+
+
 def test_gradients_are_clipped_by_the_global_norm_of_all_gradients():
     a = keras.Variable(np.zeros((2,), "float32"), name="a")  # backbone
     b = keras.Variable(np.zeros((3,), "float32"), name="b")
