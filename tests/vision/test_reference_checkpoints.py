@@ -59,3 +59,18 @@ def test_a_checkpoint_gives_transformers_logits_and_boxes_in_every_decoder_layer
                                    err_msg=f"decoder layer {i}")
         np.testing.assert_allclose(boxes, expected["boxes"][:, i], atol=1e-4,
                                    err_msg=f"decoder layer {i}")
+
+
+def test_init_from_a_pth_loads_every_weight_but_the_class_head(reference):
+    folder, _, _ = reference
+    from vision.config import preset
+    from vision.modeling.detr import build_model
+    from vision.pretrained import init_from
+    from vision.reference import read_reference
+
+    model, lines = build_model(preset("r50-detr"), 2), []
+    init_from(model, str(folder / "detr-r50.pth"), ["cat", "dog"], lines.append)
+    assert lines[0] == "class head: 81 → 3 outputs, re-initialized"
+    arrays = read_reference(folder / "detr-r50.pth").arrays
+    kernel = np.asarray(model.decoder.layers[5].cross_attention.value_dense.kernel)
+    np.testing.assert_array_equal(kernel, arrays["decoder/layer_5/cross_attention/value/kernel"])
