@@ -32,7 +32,6 @@ import transformers
 from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 NAMES = ("a", "b", "c", "d")
 
