@@ -86,6 +86,7 @@ JAX_SCRIPT = textwrap.dedent("""
 
     import nlp.model  # noqa: F401  (registers the saved classes)
     from nlp.decoding import beam_search, compile_search
+    from tfx_transformer import MultiHeadAttention
     from vision.config import preset
     from vision.modeling.detr import build_criterion
 
@@ -123,6 +124,27 @@ JAX_SCRIPT = textwrap.dedent("""
     np.testing.assert_allclose(np.asarray(scores), ref["nmt/beam_scores"], atol=atol,
                                err_msg="beam scores")
     print(f"nmt ok {time.perf_counter() - start:.1f}s", flush=True)
+
+    # Without the weights, attention is keras.ops.dot_product_attention under JAX: the same
+    # output as the explicit product, zeros for a query with no key, float16 scores of
+    # 160,000 (beyond float16's 65504) formed in float32.
+    x = np.random.default_rng(0).normal(size=(2, 3, 8)).astype("float32")
+    mask = np.ones((2, 3, 3), bool)
+    mask[0, 1] = False  # query 1 of sentence 0 may attend nothing
+    for policy, tol in (("float32", 1e-6), ("mixed_float16", 2e-3)):
+        layer = MultiHeadAttention(num_heads=2, key_dim=4, dtype=policy)
+        fused = layer(x, x, attention_mask=mask).output
+        explicit = layer(x, x, attention_mask=mask, return_attention_scores=True).output
+        fused, explicit = (np.asarray(keras.ops.cast(o, "float32")) for o in (fused, explicit))
+        assert np.all(fused[0, 1] == 0) and np.all(np.abs(fused[1]) > 0), policy
+        np.testing.assert_allclose(fused, explicit, atol=tol, err_msg=policy)
+    big = np.concatenate([np.full((2, 16), 200.0), np.full((1, 16), -200.0)])[None]
+    layer = MultiHeadAttention(num_heads=1, key_dim=16, dtype="mixed_float16")
+    layer(big, big)
+    eye, zero = np.eye(16, dtype="float32"), np.zeros((1, 16), "float32")
+    layer.set_weights([eye[:, None], zero] * 3 + [eye[None], np.zeros(16, "float32")])
+    out = np.asarray(keras.ops.cast(layer(big, big).output, "float32"))[0]
+    np.testing.assert_allclose(out, big[0], rtol=1e-3)  # weights (0.5, 0.5, 0), (0, 0, 1)
 
     # DETR: predictions, set loss and gradients of the loaded model in one jax.jit step.
     detr = keras.saving.load_model(folder / "detr.keras")

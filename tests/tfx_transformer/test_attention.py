@@ -52,6 +52,31 @@ def test_matches_keras_multi_head_attention(kind, mask_name):
     np.testing.assert_allclose(got_w, want_w, atol=1e-5)
 
 
+def test_output_without_weights_and_its_gradients_match_keras():
+    """The path training takes (no weights returned): output and weight gradients as Keras's
+    layer, and zeros for a query with no key (Keras's layer gives the mean of the values)."""
+    import tensorflow as tf
+
+    q = rng.normal(size=(B, T, D)).astype("float32")
+    v = rng.normal(size=(B, S, D)).astype("float32")
+    mask = _masks()["(B,T,S)"]
+    mask[1, 2] = False  # query 2 of the second sequence may attend nothing
+    theirs, ours = _pair(q, v)
+    results = []
+    for layer in (theirs, ours):
+        with tf.GradientTape() as tape:
+            out = layer(q, v, attention_mask=mask)
+            out = out if layer is theirs else out.output
+            loss = tf.reduce_sum(tf.where(mask.any(-1)[..., None], out, 0.0) ** 2)
+        results.append((np.asarray(out), tape.gradient(loss, layer.trainable_variables)))
+    (want, want_grads), (got, got_grads) = results
+    assert np.all(got[1, 2] == 0) and np.abs(want[1, 2]).max() > 1e-3
+    keep = mask.any(-1)
+    np.testing.assert_allclose(got[keep], want[keep], atol=1e-5)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4)
+
+
 def test_matches_keras_with_causal_mask_and_padding():
     q = rng.normal(size=(B, T, D)).astype("float32")
     pad = np.ones((B, T, T), bool)

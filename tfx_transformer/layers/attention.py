@@ -12,7 +12,7 @@ import optree
 from keras import ops
 
 from tfx_transformer import checks
-from tfx_transformer.layers.dot_product import scaled_dot_product_attention
+from tfx_transformer.layers.dot_product import multi_head_attention
 from tfx_transformer.layers.masks import causal_mask, check_mask_rank, merge_masks
 
 __all__ = ["AttentionOutput", "MultiHeadAttention", "call_arguments"]
@@ -94,6 +94,28 @@ def _check_cache_index(cache, cache_index, key):
         )
 
 
+def _project(dense: keras.layers.EinsumDense, x, split: tuple | None = None):
+    """``dense(x)`` for a projection into heads (``split = (H, D)``) or out of them (``None``).
+
+    Computed as one 2-D matrix product of ``x`` with the kernel flattened to
+    ``(d_in, d_out)``. ``EinsumDense`` runs ``btd,dhk->bthk`` on TensorFlow as a batch matmul
+    that broadcasts the kernel over the batch, whose kernel gradient is then ``B`` separate
+    products summed; the flat product is one. Same weights, same result; a quantized or LoRA
+    projection keeps the layer's own ``call``.
+    """
+    if dense.lora_enabled or dense.quantization_mode is not None:
+        return dense(x)
+    if split is None:  # (B, T, H, D) -> (B, T, H·D)
+        x = ops.reshape(x, (*ops.shape(x)[:-2], x.shape[-2] * x.shape[-1]))
+    kernel = dense.kernel
+    y = ops.matmul(x, ops.reshape(kernel, (x.shape[-1], -1)))
+    if dense.bias is not None:
+        y = y + ops.reshape(dense.bias, (-1,))
+    if split is not None:
+        y = ops.reshape(y, (*ops.shape(x)[:-1], *split))
+    return y
+
+
 @keras.saving.register_keras_serializable(package="tfx_transformer")
 class MultiHeadAttention(keras.layers.Layer):
     """Multi-head attention, weight-compatible with ``keras.layers.MultiHeadAttention``.
@@ -102,7 +124,8 @@ class MultiHeadAttention(keras.layers.Layer):
     kernels ``(d, H, key_dim)`` and biases ``(H, key_dim)``, then the output kernel
     ``(H, value_dim, d_out)`` and bias ``(d_out,)``), so weights move between the two.
 
-    Attention is computed by ``scaled_dot_product_attention`` on ``(B, H, T, D)`` heads.
+    Attention is computed by ``multi_head_attention`` on the projected ``(B, T, H, D)`` heads
+    (``keras.ops.dot_product_attention`` when neither the weights nor dropout are needed).
 
     Incremental decoding: pass ``cache`` ``(B, 2, S_max, H, D)`` (keys then values). With a
     ``cache_index`` the layer projects the new step(s), writes them into the cache at
@@ -219,7 +242,9 @@ class MultiHeadAttention(keras.layers.Layer):
             ``(B, 2, S, H, D)`` to pass as ``cache`` (without ``cache_index``).
         """
         key = value if key is None else key
-        return ops.stack([self.key_dense(key), self.value_dense(value)], axis=1)
+        heads = self.num_heads
+        k = _project(self.key_dense, key, (heads, self.key_dim))
+        return ops.stack([k, _project(self.value_dense, value, (heads, self.value_dim))], axis=1)
 
     def call(
         self,
@@ -255,13 +280,14 @@ class MultiHeadAttention(keras.layers.Layer):
 
         _check_cache_index(cache, cache_index, key)
 
-        q = self.query_dense(query)  # (B, T, H, Dk)
+        heads_k, heads_v = (self.num_heads, self.key_dim), (self.num_heads, self.value_dim)
+        q = _project(self.query_dense, query, heads_k)  # (B, T, H, Dk)
         if cache is not None and cache_index is None:
             k = ops.cast(cache[:, 0], q.dtype)  # precomputed (B, S, H, Dk)
             v = ops.cast(cache[:, 1], q.dtype)  # precomputed (B, S, H, Dv)
         else:
-            k = self.key_dense(key)  # (B, S, H, Dk)
-            v = self.value_dense(value)  # (B, S, H, Dv)
+            k = _project(self.key_dense, key, heads_k)  # (B, S, H, Dk)
+            v = _project(self.value_dense, value, heads_v)  # (B, S, H, Dv)
             if cache is not None:
                 start = [0, ops.cast(cache_index, "int32"), 0, 0]
                 k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
@@ -274,15 +300,15 @@ class MultiHeadAttention(keras.layers.Layer):
             attention_mask, query_mask, value_mask, key_mask if key_given else None,
             use_causal_mask, t, s, cache_index,
         )
-        heads = lambda x: ops.transpose(x, (0, 2, 1, 3))  # noqa: E731  (B, T, H, D) <-> (B, H, T, D)
-        out, weights = scaled_dot_product_attention(
-            heads(q), heads(k), heads(v), mask=mask, dropout_rate=self.dropout,
-            training=training, return_weights=True, seed=self.seed_generator,
-        )  # (B, H, T, Dv), (B, H, T, S)
-        out = self.output_dense(heads(out))  # (B, T, H, Dv) -> (B, T, d_out)
+        out = multi_head_attention(
+            q, k, v, mask=mask, dropout_rate=self.dropout, training=training,
+            return_weights=return_attention_scores, seed=self.seed_generator,
+        )  # (B, T, H, Dv), and (B, H, T, S) if asked for
+        out, weights = out if return_attention_scores else (out, None)
+        out = _project(self.output_dense, out)  # (B, T, d_out)
         return AttentionOutput(
             output=out,
-            attention=weights if return_attention_scores else None,
+            attention=weights,
             cache=cache,
         )
 
