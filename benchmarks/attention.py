@@ -17,6 +17,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tfx_transformer.training.quiet import onednn_default  # noqa: E402
+
+onednn_default()  # TensorFlow's oneDNN kernels, as the commands run (before TensorFlow loads)
+
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -83,7 +87,8 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=10)
     args = parser.parse_args(argv)
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"oneDNN {onednn_default()}")
     print(f"B {args.batch}, T {args.length}, d {args.dim}, {args.heads} heads, forward+backward; "
           "self = causal self-attention, cross = T queries over 2T keys")
     print(f"{'case':<8}{'xla':<6}{'ours ms':>10}{'keras ms':>10}{'ratio':>8}")

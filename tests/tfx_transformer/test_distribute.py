@@ -242,6 +242,28 @@ def test_clip_by_global_norm_of_sum_with_one_replica_is_keras_clipping():
     assert clip_by_global_norm_of_sum([None], 1.0) == [None]
 
 
+def test_global_clip_adam_steps_as_keras_adam_dense_and_sparse():
+    """The fused kernel (dense gradients) and Keras's own step (IndexedSlices) give Keras's
+    Adam, clipping included, over three steps."""
+    rng = np.random.default_rng(0)
+    start = [rng.standard_normal(shape).astype("float32") for shape in ((4, 3), 5)]
+    results = []
+    for optimizer in (keras.optimizers.Adam(1e-2, beta_2=0.98, epsilon=1e-6, global_clipnorm=1.0),
+                      distribute.GlobalClipAdam(1e-2, beta_2=0.98, epsilon=1e-6,
+                                                global_clipnorm=1.0)):
+        variables = [keras.Variable(w) for w in start]
+        grads_rng = np.random.default_rng(1)
+        for _ in range(3):
+            dense = tf.constant(grads_rng.standard_normal((4, 3)), tf.float32)
+            rows = tf.IndexedSlices(tf.constant(grads_rng.standard_normal((2,)), tf.float32),
+                                    tf.constant([1, 3]), tf.constant([5]))
+            optimizer.apply([dense, rows], variables)
+        results.append([v.numpy() for v in variables])
+    assert not np.allclose(results[1][0], start[0], atol=1e-3)
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_make_batches_pads_rows_to_a_multiple_of_the_replicas():
     rng = np.random.default_rng(0)
     pairs = [(" ".join(str(t) for t in rng.integers(4, 50, size=rng.integers(1, 12))),

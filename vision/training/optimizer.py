@@ -12,7 +12,10 @@ The step is PyTorch's: ``w -= lr * m_hat / (sqrt(v_hat) + eps)`` with the bias-c
 moments. Keras's Adam adds ``eps`` to the uncorrected ``sqrt(v)`` instead, which is PyTorch's
 step with ``eps / sqrt(1 - beta_2 ** t)`` (32x larger at the first step, 7x at the 20th):
 under DETR's clipping to a global norm of 0.1 many gradients are that small, and their steps
-came out up to 4x smaller than DETR's (benchmarks/README.md, the step parity).
+came out up to 4x smaller than DETR's (benchmarks/README.md, the step parity). The same
+step is Keras's with ``eps * sqrt(1 - beta_2 ** t)`` in place of ``eps``, which is how it runs
+under TensorFlow: one fused ``ResourceApplyAdam`` kernel per variable
+(`tfx_transformer.training.distribute.apply_adam`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from tfx_transformer.training.distribute import GlobalClipAdam
+from tfx_transformer.training.distribute import GlobalClipAdam, apply_adam, fused_adam_applies
 
 __all__ = ["DetrAdamW", "build_optimizer"]
 
@@ -103,9 +106,14 @@ class DetrAdamW(GlobalClipAdam):
         lr = ops.cast(learning_rate, dtype) * self._lr_multipliers[index]
         if self.decoupled_weight_decay:
             self.assign_sub(variable, variable * (lr * self.decoupled_weight_decay))
-        gradient = ops.cast(gradient, dtype)
         step = ops.cast(self.iterations + 1, dtype)
         m, v = self._momentums[index], self._velocities[index]
+        if fused_adam_applies(self, gradient, variable):
+            # PyTorch's step is TensorFlow's fused one with ε·√(1 - β₂ᵗ) for ε (module doc).
+            epsilon = self.epsilon * ops.sqrt(1 - ops.power(ops.cast(self.beta_2, dtype), step))
+            apply_adam(variable, m, v, gradient, lr, self.beta_1, self.beta_2, epsilon, step)
+            return
+        gradient = ops.cast(gradient, dtype)
         self.assign_add(m, (gradient - m) * (1 - self.beta_1))
         self.assign_add(v, (ops.square(gradient) - v) * (1 - self.beta_2))
         if self.amsgrad:
