@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfx_transformer.training.quiet import onednn_default  # noqa: E402
 
-onednn_default()  # TensorFlow's oneDNN kernels, as the commands run (before TensorFlow loads)
+onednn_default()  # TensorFlow's oneDNN kernels, as the training commands run them
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

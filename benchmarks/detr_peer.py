@@ -15,6 +15,10 @@ machine's 2 cores), and the two are timed alternately; each row prints ``ratio =
   (no XLA); theirs: ``model(pixel_values, pixel_mask, labels=...)`` with
   ``auxiliary_loss=True`` (its ``ForObjectDetectionLoss``, DETR's set loss), ``loss.backward()``,
   ``clip_grad_norm_``, ``torch.optim.AdamW``.
+TensorFlow's oneDNN kernels are on when a train case is asked for (``train_detr.py`` turns them
+on, `tfx_transformer.training.quiet.onednn_default`) and as TensorFlow decides otherwise (the
+detection and serving commands): run ``--only infer`` alone for the inference figures.
+
 - ``infer``: detection on 512×512 images, batches of 1 and 4. Ours: the exported SavedModel
   (uint8 images in; resize, normalization, model and box decoding inside); theirs: the eager
   model in ``eval()`` under ``torch.inference_mode()`` on normalized float pixels, then
@@ -42,8 +46,6 @@ from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfx_transformer.training.quiet import onednn_default  # noqa: E402
-
-onednn_default()  # TensorFlow's oneDNN kernels, as the commands run (before TensorFlow loads)
 
 NUM_CLASSES = 4
 SMALL = dict(hidden_dim=128, num_heads=8, num_encoder_layers=3, num_decoder_layers=3,
@@ -186,12 +188,15 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="r50,small,infer")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
+    if set(args.only.split(",")) & set(SETTINGS):
+        onednn_default()  # as train_detr.py runs (detect.py and serving do not: TensorFlow's)
     import keras
     import tensorflow as tf
 
     print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, torch {torch.__version__} "
           f"({torch.get_num_threads()} threads), transformers {transformers.__version__}, "
-          f"{platform.machine()}, {os.cpu_count()} cores, oneDNN {onednn_default()}", flush=True)
+          f"{platform.machine()}, {os.cpu_count()} cores, "
+          f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}", flush=True)
     rows = []
     for name in args.only.split(","):
         if name in SETTINGS:

@@ -12,7 +12,7 @@ TensorFlow 2.21 writes its start-up lines ("oneDNN custom operations are on", "C
 cuda drivers", "All log messages before absl::InitializeLog() ...") while it loads, before any
 log level applies. A failed import still raises, with stderr back in place.
 
-It also turns on TensorFlow's oneDNN kernels on x86-64 (`onednn_default`), verbose or not.
+The training commands also call `onednn_default` first: TensorFlow's oneDNN kernels on x86-64.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ def onednn_default() -> bool:
     whether oneDNN is then asked for. Effective only before TensorFlow is imported.
 
     TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX-512; on a 2-core
-    AVX2 CPU they made the DETR (ResNet-50) and the NMT train steps about 1.3x faster
-    (benchmarks/README.md). ``TF_ENABLE_ONEDNN_OPTS=0`` keeps them off.
+    AVX2 CPU they made the DETR (ResNet-50) and the NMT train steps about 1.3x faster, but a
+    ResNet-50 forward pass on one 512 px image 1.4x slower (benchmarks/README.md), so the
+    training commands call this and the others do not. ``TF_ENABLE_ONEDNN_OPTS=0`` keeps
+    them off.
     """
     if platform.machine().lower() in ("x86_64", "amd64"):
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
@@ -47,7 +49,6 @@ def verbose(argv: list[str] | None = None) -> bool:
 
 def quiet_start(argv: list[str] | None = None) -> bool:
     """Imports TensorFlow without its start-up lines unless `verbose`; returns whether it did."""
-    onednn_default()
     if verbose(argv):
         return False
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
