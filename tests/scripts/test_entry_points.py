@@ -60,3 +60,27 @@ def test_importing_the_packages_on_the_way_loads_no_tensorflow():
             ", tfx_transformer.serving, nlp, nlp.commands, vision, vision.commands; "
             "sys.exit('tensorflow' in sys.modules or 'keras' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_the_training_commands_run_tensorflow_with_onednn_unless_told_otherwise():
+    """`onednn_default`: the train commands ask for oneDNN (x86-64) unless the environment
+    says otherwise."""
+    import os
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("oneDNN is asked for on x86-64 only")
+    code = ("import importlib, sys; importlib.import_module(sys.argv[1]); "
+            "from tensorflow.python.util import _pywrap_util_port as port; "
+            "print(int(port.IsMklEnabled()))")
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+
+    def enabled(module, **extra):
+        done = subprocess.run([sys.executable, "-c", code, module], cwd=ROOT, text=True,
+                              capture_output=True, env={**env, **extra}, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1] == "1"
+
+    assert enabled("vision.commands.train")
+    assert not enabled("nlp.commands.train", TF_ENABLE_ONEDNN_OPTS="0")
