@@ -4,6 +4,9 @@ Same shapes, same weights, same process; runs alternate between the two and the 
 the median over repeats of ``ratio = ours / keras`` (lower is better).
 
     python benchmarks/attention.py [--batch 16] [--length 64] [--dim 256] [--heads 8]
+
+TensorFlow runs as it decides (its oneDNN kernels only on CPUs with AVX-512), as in a user's
+own program; ``TF_ENABLE_ONEDNN_OPTS=1`` gives the setting of the training commands.
 """
 
 from __future__ import annotations
@@ -16,10 +19,6 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from tfx_transformer.training.quiet import onednn_default  # noqa: E402
-
-onednn_default()  # TensorFlow's oneDNN kernels, as the training commands run them
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
@@ -88,7 +87,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     print(f"keras {keras.__version__}, tensorflow {tf.__version__}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"oneDNN {onednn_default()}")
+          f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}")
     print(f"B {args.batch}, T {args.length}, d {args.dim}, {args.heads} heads, forward+backward; "
           "self = causal self-attention, cross = T queries over 2T keys")
     print(f"{'case':<8}{'xla':<6}{'ours ms':>10}{'keras ms':>10}{'ratio':>8}")
