@@ -289,10 +289,12 @@ class MultiHeadAttention(keras.layers.Layer):
             k = _project(self.key_dense, key, heads_k)  # (B, S, H, Dk)
             v = _project(self.value_dense, value, heads_v)  # (B, S, H, Dv)
             if cache is not None:
-                start = [0, ops.cast(cache_index, "int32"), 0, 0]
-                k = ops.slice_update(cache[:, 0], start, ops.cast(k, cache.dtype))
-                v = ops.slice_update(cache[:, 1], start, ops.cast(v, cache.dtype))
-                cache = ops.stack([k, v], axis=1)  # (B, 2, S_max, H, D)
+                # One update of the whole cache with the new steps' keys and values: slicing
+                # it into keys and values first and stacking them again after copies it twice.
+                start = [0, 0, ops.cast(cache_index, "int32"), 0, 0]
+                new = ops.cast(ops.stack([k, v], axis=1), cache.dtype)  # (B, 2, T, H, D)
+                cache = ops.slice_update(cache, start, new)  # (B, 2, S_max, H, D)
+                k, v = cache[:, 0], cache[:, 1]
             k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
 
         t, s = ops.shape(q)[1], ops.shape(k)[1]
