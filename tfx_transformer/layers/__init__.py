@@ -7,7 +7,7 @@ Nothing here imports TensorFlow (a test fails on any such import); training plum
 # ruff: noqa: F401  (the names are re-exported: `__all__` is `tfx_transformer.LAYER_NAMES`)
 
 from tfx_transformer import LAYER_NAMES
-from tfx_transformer.layers.attention import AttentionOutput, MultiHeadAttention
+from tfx_transformer.layers.attention import MultiHeadAttention
 from tfx_transformer.layers.decoder import TransformerDecoder, TransformerDecoderLayer
 from tfx_transformer.layers.dot_product import scaled_dot_product_attention
 from tfx_transformer.layers.encoder import TransformerEncoder, TransformerEncoderLayer
@@ -19,6 +19,7 @@ from tfx_transformer.layers.masks import (
     padding_mask,
     to_attention_mask,
 )
+from tfx_transformer.layers.output import AttentionOutput
 from tfx_transformer.layers.position import (
     LearnedPositionEmbedding,
     SinePositionEmbedding2D,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tfx_transformer.layers.attention import AttentionOutput, call_arguments
 from tfx_transformer.layers.block import ResidualBlockLayer
 from tfx_transformer.layers.masks import to_attention_mask
+from tfx_transformer.layers.output import AttentionOutput, call_arguments
 from tfx_transformer.layers.position import add_position
 from tfx_transformer.layers.stack import TransformerStack
 

@@ -26,7 +26,7 @@ import tempfile
 import keras
 import numpy as np
 
-from tfx_transformer.layers.attention import AttentionOutput
+from tfx_transformer.layers.output import AttentionOutput
 
 __all__ = ["check_layer"]
 
