@@ -32,13 +32,14 @@ __all__ = ["DetrConfig", "PRESETS", "preset"]
 # The `DETR` constructor arguments that come from the config (`model_kwargs`).
 _MODEL_FIELDS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
                  "ffn_dim", "dropout", "num_queries", "norm_first", "query_type",
-                 "attention_radius", "box_refinement")
+                 "attention_radius", "box_refinement", "look_forward_twice",
+                 "one_to_many_queries")
 _POSITIVE_INTS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
                   "ffn_dim", "num_queries", "proposal_matches", "epochs", "batch_size",
-                  "image_size", "max_image_size")
+                  "image_size", "max_image_size", "one_to_many_copies")
 _NON_NEGATIVE = ("eos_coef", "cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox",
                  "loss_giou", "backbone_lr_multiplier", "weight_decay")
-_BOOLS = ("norm_first", "box_refinement", "aux_loss")
+_BOOLS = ("norm_first", "box_refinement", "look_forward_twice", "aux_loss")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +70,19 @@ class DetrConfig:
     # Convergence aids (DETR: "learned", None, False). query_type names a layer of
     # vision.modeling.queries.QUERY_LAYERS: "reference", a learned reference point per query
     # positions the query and its box centre; "encoder", two-stage queries from the encoder's
-    # best proposals. attention_radius limits each query's cross-attention to a window around
+    # best proposals; "mixed", their boxes with learned content (DINO's mixed query
+    # selection). attention_radius limits each query's cross-attention to a window around
     # its reference point (needs reference points).
     query_type: str = "learned"
     attention_radius: float | None = None
     box_refinement: bool = False  # each decoder layer refines the previous layer's boxes
+    # With box_refinement: each box is an offset from the previous layer's box with its
+    # gradient (DINO's look forward twice).
+    look_forward_twice: bool = False
+    # H-DETR's hybrid branch: this many more queries in training only, matched to
+    # one_to_many_copies copies of the targets (0: none).
+    one_to_many_queries: int = 0
+    one_to_many_copies: int = 6
 
     # Loss (SetCriterion) and matching (HungarianMatcher).
     aux_loss: bool = True  # also supervise every earlier decoder layer
@@ -168,7 +177,8 @@ def _check_values(config: DetrConfig) -> None:
     # Query strategy, then the decoder side that must fit it (refinement, radius).
     query_layer = query_layer_class(config.query_type)
     make_box_decoding(config.box_refinement, config.attention_radius,
-                      query_layer.reference_size, config.query_type)
+                      query_layer.reference_size, config.query_type, config.look_forward_twice)
+    checks.non_negative_int("DetrConfig.one_to_many_queries", config.one_to_many_queries)
     if config.cost_class == config.cost_bbox == config.cost_giou == 0:
         _fail("cost_class", config.cost_class, "non-zero, or cost_bbox or cost_giou non-zero")
     if config.matcher_solver not in SOLVERS:

@@ -15,7 +15,7 @@ model must be found with its shape, with two exceptions:
   "no object") are loaded when the source has the same classes, in any order (the columns are
   reordered by name), and re-initialized when the class list differs ("class head: 92 -> 4
   outputs, re-initialized");
-- per-query weights (``query_embed``, ``reference_logits``) may shrink: the first ``Q`` are kept.
+- per-query weights (``query_embed``, ``reference_logits``, ``query_content``) may shrink: the first ``Q`` are kept.
 
 Anything else that differs (another hidden size, backbone, number of layers) is refused with
 the first weight that does not fit.
@@ -34,7 +34,7 @@ __all__ = ["SourceWeights", "check_init_source", "init_from", "load_reference_ch
 
 _MODEL_FILE = "model.keras"
 _CLASSES_FILE = "classes.json"
-_PER_QUERY = ("query_embed", "reference_logits")
+_PER_QUERY = ("query_embed", "reference_logits", "query_content")
 _REFERENCE_FORMATS = (".pth", ".pt", ".safetensors", ".bin")  # `vision.reference`
 
 

@@ -56,11 +56,17 @@ class SetCriterion:
             branch), and the box losses are divided by this many times ``num_boxes``. Their
             losses are ``loss_ce_enc``, ``loss_bbox_enc``, ``loss_giou_enc``, added whenever
             ``outputs`` has ``enc_outputs`` (whatever `aux_loss` says).
+        one_to_many_copies: How many copies of the targets the hybrid branch's queries
+            (``outputs["one_to_many"]``, H-DETR) are matched to, with the box losses divided
+            by this many times ``num_boxes``. Their losses are ``loss_ce_o2m``, ... and, with
+            `aux_loss`, ``loss_ce_o2m_0``, ..., weighted as the one-to-one losses of the same
+            name (H-DETR's λ = 1).
 
     Call arguments:
         outputs: Dict with ``pred_logits`` `(B, Q, C + 1)`, ``pred_boxes`` `(B, Q, 4)`
             (normalized cxcywh) and optionally ``aux_outputs``: a list of such dicts, one per
-            earlier decoder layer, and ``enc_outputs``: such a dict for two-stage proposals,
+            earlier decoder layer, ``one_to_many``: a dict with these three keys for the
+            hybrid branch's queries, and ``enc_outputs``: such a dict for two-stage proposals,
             with ``valid`` `(B, S)` bool marking the proposals that may be matched (the
             others are never matched and take no part in the loss).
         targets: Dict with ``labels`` `(B, M)` int in `[0, C)`, ``boxes`` `(B, M, 4)`
@@ -82,6 +88,7 @@ class SetCriterion:
         weight_dict: dict[str, float] | None = None,
         aux_loss: bool = True,
         proposal_matches: int = 1,
+        one_to_many_copies: int = 6,
     ) -> None:
         checks.positive_int("num_classes", num_classes)
         checks.non_negative_number("eos_coef", eos_coef)
@@ -93,6 +100,7 @@ class SetCriterion:
         self.weight_dict = dict(_DEFAULT_WEIGHTS if weight_dict is None else weight_dict)
         self.aux_loss = bool(aux_loss)
         self.proposal_matches = checks.positive_int("proposal_matches", proposal_matches)
+        self.one_to_many_copies = checks.positive_int("one_to_many_copies", one_to_many_copies)
 
     @staticmethod
     def count_boxes(targets: dict) -> Any:
@@ -113,13 +121,16 @@ class SetCriterion:
             num_boxes = self.count_boxes(targets)
         num_boxes = ops.maximum(ops.cast(num_boxes, "float32"), 1.0)
 
-        losses = self._layer_losses(outputs, labels, boxes, valid, num_boxes, "outputs")
-        if self.aux_loss:
-            for i, aux in enumerate(outputs.get("aux_outputs") or []):
-                aux_losses = self._layer_losses(
-                    aux, labels, boxes, valid, num_boxes, f"outputs['aux_outputs'][{i}]"
-                )
-                losses.update({f"{name}_{i}": value for name, value in aux_losses.items()})
+        losses = self._decoder_losses(outputs, labels, boxes, valid, num_boxes, "outputs")
+        if "one_to_many" in outputs:  # the hybrid branch: K copies of every target
+            k = self.one_to_many_copies
+            hybrid = self._decoder_losses(
+                outputs["one_to_many"], ops.tile(labels, [1, k]), ops.tile(boxes, [1, k, 1]),
+                ops.tile(valid, [1, k]), num_boxes * k, "outputs['one_to_many']",
+            )
+            for name, value in hybrid.items():  # loss_ce -> loss_ce_o2m, loss_ce_0 -> _o2m_0
+                term, _, layer = name.partition("_")[2].partition("_")
+                losses["_".join(["loss", term, "o2m"] + ([layer] if layer else []))] = value
         if "enc_outputs" in outputs:  # two-stage proposals, one per encoder cell
             k = self.proposal_matches
             enc_losses = self._layer_losses(
@@ -138,8 +149,21 @@ class SetCriterion:
     def _weight(self, name: str) -> float:
         if name in self.weight_dict:
             return float(self.weight_dict[name])
-        base = re.sub(r"_(\d+|enc)$", "", name)  # loss_ce_3, loss_ce_enc -> loss_ce
+        # loss_ce_3, loss_ce_enc, loss_ce_o2m, loss_ce_o2m_3 -> loss_ce
+        base = re.sub(r"(_o2m)?(_\d+|_enc)?$", "", name)
         return float(self.weight_dict.get(base, 0.0))
+
+    def _decoder_losses(self, outputs: dict, labels: Any, boxes: Any, valid: Any,
+                        num_boxes: Any, where: str) -> dict:
+        """The last layer's losses and, with `aux_loss`, every earlier layer's (``_i``)."""
+        losses = self._layer_losses(outputs, labels, boxes, valid, num_boxes, where)
+        if self.aux_loss:
+            for i, aux in enumerate(outputs.get("aux_outputs") or []):
+                aux_losses = self._layer_losses(
+                    aux, labels, boxes, valid, num_boxes, f"{where}['aux_outputs'][{i}]"
+                )
+                losses.update({f"{name}_{i}": value for name, value in aux_losses.items()})
+        return losses
 
     def _layer_losses(
         self, layer: dict, labels: Any, boxes: Any, valid: Any, num_boxes: Any, where: str
@@ -199,6 +223,7 @@ class SetCriterion:
             "weight_dict": dict(self.weight_dict),
             "aux_loss": self.aux_loss,
             "proposal_matches": self.proposal_matches,
+            "one_to_many_copies": self.one_to_many_copies,
         }
 
     @classmethod

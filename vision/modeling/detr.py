@@ -76,6 +76,10 @@ class DETR(SetLossModel):
         box_refinement: each decoder layer refines the boxes of the previous one, which
             position the next layer (Deformable DETR's iterative refinement); needs
             reference boxes (``query_type="encoder"``). See `vision.modeling.refinement`.
+        look_forward_twice: with ``box_refinement``, each layer's box is an offset from the
+            previous layer's with its gradient (DINO).
+        one_to_many_queries: training-only queries of H-DETR's hybrid one-to-many branch
+            (``"one_to_many"`` in the training outputs); see `vision.modeling.queries`.
         **kwargs: base model arguments.
 
     Call arguments:
@@ -87,7 +91,9 @@ class DETR(SetLossModel):
         dict with ``"pred_logits"`` ``(B, Q, C + 1)``, ``"pred_boxes"`` ``(B, Q, 4)``
         (normalized cxcywh in [0, 1], float32) and ``"aux_outputs"``: a list of
         ``num_decoder_layers - 1`` dicts with the same two keys, one per earlier decoder layer;
-        plus the query strategy's extra outputs. With ``query_type="encoder"`` that is
+        plus the query strategy's extra outputs: in training with ``one_to_many_queries``,
+        ``"one_to_many"``, a dict with the same three keys for those queries; with
+        ``query_type="encoder"`` or ``"mixed"``,
         ``"enc_outputs"``: the proposals of every feature cell, ``pred_logits``
         ``(B, S, C + 1)``, ``pred_boxes`` ``(B, S, 4)`` and ``valid`` ``(B, S)`` (False for
         padded cells). ``S`` depends on the padded image size, so ``model.predict`` over
@@ -110,12 +116,15 @@ class DETR(SetLossModel):
         query_type: str = "learned",
         attention_radius: float | None = None,
         box_refinement: bool = False,
+        look_forward_twice: bool = False,
+        one_to_many_queries: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
         query_layer = query_layer_class(query_type)
         box_decoding = make_box_decoding(box_refinement, attention_radius,
-                                         query_layer.reference_size, query_type)
+                                         query_layer.reference_size, query_type,
+                                         look_forward_twice)
         for arg, value in (("num_classes", num_classes), ("num_queries", num_queries)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{arg}` must be a positive integer. Received: {value!r}")
@@ -135,6 +144,8 @@ class DETR(SetLossModel):
         self.query_type = query_type
         self.attention_radius = box_decoding.attention_radius
         self.box_refinement = box_refinement
+        self.look_forward_twice = look_forward_twice
+        self.one_to_many_queries = one_to_many_queries
 
         # Created in the order of the model before the strategies became layers, so that
         # the same seed gives the same initial weights.
@@ -154,7 +165,9 @@ class DETR(SetLossModel):
             num_classes + 1, dtype=policy, name="class_head", **torch_linear_init(d)
         )
         self.box_head = MLP(d, d, 4, 3, dtype=policy, name="box_head")
-        self.queries = query_layer(num_queries, d, num_classes, dtype=policy, name="queries")
+        self.queries = query_layer(num_queries, d, num_classes,
+                                   one_to_many_queries=one_to_many_queries,
+                                   dtype=policy, name="queries")
         self.box_decoding = box_decoding
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
@@ -199,15 +212,7 @@ class DETR(SetLossModel):
             feature_valid, return_cross_attention=return_cross_attention, training=training,
         )  # hidden (L, B, Q, d), boxes (L, B, Q, 4)
         logits = ops.cast(self.class_head(decoded.hidden), "float32")  # (L, B, Q, C + 1)
-        predictions = {
-            **start.extra,
-            "pred_logits": logits[-1],
-            "pred_boxes": decoded.boxes[-1],
-            "aux_outputs": [
-                {"pred_logits": logits[i], "pred_boxes": decoded.boxes[i]}
-                for i in range(self.num_decoder_layers - 1)
-            ],
-        }
+        predictions = {**start.extra, **self.queries.predictions(logits, decoded.boxes)}
         size = ops.shape(features)[1:3]
         return DetrOutput(predictions, decoded.attention, (size[0], size[1]))
 
@@ -243,6 +248,8 @@ class DETR(SetLossModel):
             "query_type": self.query_type,
             "attention_radius": self.attention_radius,
             "box_refinement": self.box_refinement,
+            "look_forward_twice": self.look_forward_twice,
+            "one_to_many_queries": self.one_to_many_queries,
         }
 
     @classmethod
@@ -278,7 +285,7 @@ def build_criterion(config, num_classes: int) -> SetCriterion:
     weights = {"loss_ce": config.loss_ce, "loss_bbox": config.loss_bbox,
                "loss_giou": config.loss_giou}
     return SetCriterion(num_classes, matcher, config.eos_coef, weights, config.aux_loss,
-                        config.proposal_matches)
+                        config.proposal_matches, config.one_to_many_copies)
 
 
 def build_model(config, num_classes: int) -> DETR:

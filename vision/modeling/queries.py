@@ -14,6 +14,16 @@ Strategies with references own the MLP that embeds a point or box as a query pos
   cell proposes a class and a box; the ``Q`` best cells become the queries, with the cell's
   feature as content and its box (no gradient) as reference; the proposals get their own set
   loss (``extra["enc_outputs"]``).
+- ``"mixed"``, `MixedQueries`: DINO's mixed query selection: the reference boxes (and so the
+  positions) of the ``Q`` best cells as ``"encoder"``, but a learned content per query
+  instead of the cells' features.
+
+Every strategy also takes ``one_to_many_queries`` (H-DETR's hybrid branch): that many more
+queries in training only, selected the same way, which cannot attend to the ``Q`` one-to-one
+queries nor they to them (``QueryOutput.self_attention_mask``); their predictions are
+``"one_to_many"`` in the model's outputs, matched to repeated targets by the set loss
+(`vision.matching.losses.SetCriterion`). At inference the strategy gives the ``Q`` queries
+alone.
 
 Adding a strategy: one layer class here with the contract below, and its name in
 `QUERY_LAYERS` (which `vision.config.DetrConfig.query_type` accepts).
@@ -27,12 +37,12 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
-from tfx_transformer import sine_features
+from tfx_transformer import checks, sine_features
 from vision.modeling.geometry import cell_anchors, grid_reference_logits
 from vision.modeling.heads import MLP
 from vision.modeling.init import torch_linear_init
 
-__all__ = ["QUERY_LAYERS", "LearnedQueries", "QueryOutput", "QueryStrategy",
+__all__ = ["QUERY_LAYERS", "LearnedQueries", "MixedQueries", "QueryOutput", "QueryStrategy",
            "ReferenceQueries", "TwoStageQueries", "query_layer_class"]
 
 
@@ -45,12 +55,15 @@ class QueryOutput(NamedTuple):
         reference: ``(B, Q, K)`` float32 logits of the reference points (``K = 2``, cx cy) or
             boxes (``K = 4``, cxcywh) the predicted boxes are offsets from; ``None`` without.
         extra: more entries of the model's outputs (e.g. ``"enc_outputs"``); may be empty.
+        self_attention_mask: ``(B, Q, Q)`` bool, which queries each query may attend to in
+            the decoder's self-attention, or ``None`` (all of them).
     """
 
     content: Any
     position: Any
     reference: Any | None
     extra: dict
+    self_attention_mask: Any | None = None
 
 
 class QueryStrategy(keras.layers.Layer):
@@ -60,6 +73,8 @@ class QueryStrategy(keras.layers.Layer):
         num_queries: ``Q``.
         hidden_dim: ``d``, the Transformer width.
         num_classes: object classes ``C`` (used by strategies that classify proposals).
+        one_to_many_queries: training-only queries of the hybrid one-to-many branch (0:
+            none); see the module docstring.
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -74,11 +89,20 @@ class QueryStrategy(keras.layers.Layer):
     #: Coordinates of the reference: 0 (none), 2 (points) or 4 (boxes).
     reference_size = 0
 
-    def __init__(self, num_queries: int, hidden_dim: int, num_classes: int, **kwargs):
+    def __init__(self, num_queries: int, hidden_dim: int, num_classes: int,
+                 one_to_many_queries: int = 0, **kwargs):
         super().__init__(**kwargs)
         self.num_queries = num_queries
         self.hidden_dim = hidden_dim
         self.num_classes = num_classes
+        self.one_to_many_queries = checks.non_negative_int("one_to_many_queries",
+                                                           one_to_many_queries)
+        # Per-query weights hold the one-to-one queries first.
+        self.total_queries = num_queries + self.one_to_many_queries
+
+    def count(self, training=None) -> int:
+        """How many queries a call gives: ``Q``, plus the one-to-many ones in training."""
+        return self.total_queries if training else self.num_queries
 
     def embed(self, reference: Any) -> Any:
         """``(B, Q, K)`` normalized points or boxes -> ``(B, Q, d)`` query positions."""
@@ -86,11 +110,41 @@ class QueryStrategy(keras.layers.Layer):
             f"{type(self).__name__} has no reference points to embed (reference_size=0)."
         )
 
+    def self_attention_mask(self, batch, count: int):
+        """``(B, T, T)``: the one-to-one and the one-to-many queries do not see each other;
+        ``None`` when there are only the one-to-one queries."""
+        if count == self.num_queries:
+            return None
+        group = ops.arange(count) >= self.num_queries  # (T,) True = one-to-many
+        same = ops.equal(group[:, None], group[None, :])  # (T, T)
+        return ops.broadcast_to(same[None], (batch, count, count))
+
+    def predictions(self, logits, boxes) -> dict:
+        """The decoder's ``(L, B, T, C + 1)`` logits and ``(L, B, T, 4)`` boxes -> the
+        model's ``pred_logits``, ``pred_boxes`` and ``aux_outputs`` of the one-to-one queries,
+        and the one-to-many queries' as ``"one_to_many"`` (same keys) when there are any."""
+        q = self.num_queries
+        if logits.shape[2] == q:
+            return _layer_predictions(logits, boxes)
+        return {**_layer_predictions(logits[:, :, :q], boxes[:, :, :q]),
+                "one_to_many": _layer_predictions(logits[:, :, q:], boxes[:, :, q:])}
+
     def get_config(self):
         config = super().get_config()
         config.update(num_queries=self.num_queries, hidden_dim=self.hidden_dim,
-                      num_classes=self.num_classes)
+                      num_classes=self.num_classes,
+                      one_to_many_queries=self.one_to_many_queries)
         return config
+
+
+def _layer_predictions(logits, boxes) -> dict:
+    """Every decoder layer's outputs -> the last layer's and ``aux_outputs`` (earlier ones)."""
+    return {
+        "pred_logits": logits[-1],
+        "pred_boxes": boxes[-1],
+        "aux_outputs": [{"pred_logits": logits[i], "pred_boxes": boxes[i]}
+                        for i in range(logits.shape[0] - 1)],
+    }
 
 
 def _sine_embedding(points: Any, hidden_dim: int, mlp: MLP, dtype: Any) -> Any:
@@ -111,15 +165,16 @@ class LearnedQueries(QueryStrategy):
     def build(self, memory_shape=None, feature_valid_shape=None):
         # nn.Embedding's default N(0, 1), as DETR's query_embed.
         self.query_embed = self.add_weight(
-            shape=(self.num_queries, self.hidden_dim),
+            shape=(self.total_queries, self.hidden_dim),
             initializer=keras.initializers.RandomNormal(stddev=1.0), name="query_embed",
         )
 
     def call(self, memory, feature_valid, training=None):
-        batch = ops.shape(memory)[0]
-        position = ops.cast(self.query_embed, self.compute_dtype)  # (Q, d)
+        batch, count = ops.shape(memory)[0], self.count(training)
+        position = ops.cast(self.query_embed[:count], self.compute_dtype)  # (Q, d)
         position = ops.repeat(position[None], batch, axis=0)  # (B, Q, d)
-        return QueryOutput(ops.zeros_like(position), position, None, {})
+        return QueryOutput(ops.zeros_like(position), position, None, {},
+                           self.self_attention_mask(batch, count))
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -140,19 +195,23 @@ class ReferenceQueries(QueryStrategy):
         self.reference_mlp.build((None, self.hidden_dim))
         # Points on a regular grid over the image, stored as logits (inverse sigmoid).
         self.reference_logits = self.add_weight(
-            shape=(self.num_queries, 2), name="reference_logits",
-            initializer=keras.initializers.Constant(grid_reference_logits(self.num_queries)),
+            shape=(self.total_queries, 2), name="reference_logits",
+            initializer=keras.initializers.Constant(
+                grid_reference_logits(self.num_queries)
+                + (grid_reference_logits(self.one_to_many_queries)
+                   if self.one_to_many_queries else [])),
         )
 
     def embed(self, reference):
         return _sine_embedding(reference, self.hidden_dim, self.reference_mlp, self.compute_dtype)
 
     def call(self, memory, feature_valid, training=None):
-        batch = ops.shape(memory)[0]
-        reference = ops.cast(self.reference_logits, "float32")  # (Q, 2)
+        batch, count = ops.shape(memory)[0], self.count(training)
+        reference = ops.cast(self.reference_logits[:count], "float32")  # (Q, 2)
         reference = ops.repeat(reference[None], batch, axis=0)  # (B, Q, 2)
         position = self.embed(ops.sigmoid(reference))  # (B, Q, d)
-        return QueryOutput(ops.zeros_like(position), position, reference, {})
+        return QueryOutput(ops.zeros_like(position), position, reference, {},
+                           self.self_attention_mask(batch, count))
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -194,7 +253,7 @@ class TwoStageQueries(QueryStrategy):
         return _sine_embedding(reference, self.hidden_dim, self.reference_mlp, self.compute_dtype)
 
     def call(self, memory, feature_valid, training=None):
-        batch, q = ops.shape(memory)[0], self.num_queries
+        batch, q = ops.shape(memory)[0], self.count(training)
         valid = ops.reshape(feature_valid, (batch, -1))  # (B, S)
         logits = ops.cast(self.proposal_class_head(memory), "float32")  # (B, S, C + 1)
         no_object = ops.one_hot(self.num_classes, self.num_classes + 1) * 2e4 - 1e4
@@ -214,7 +273,35 @@ class TwoStageQueries(QueryStrategy):
         content = ops.take_along_axis(memory, chosen[..., None], axis=1)  # (B, Q, d)
         reference = ops.take_along_axis(boxes, chosen[..., None], axis=1)  # (B, Q, 4)
         position = self.embed(ops.sigmoid(reference))  # (B, Q, d)
-        return QueryOutput(content, position, reference, {"enc_outputs": proposals})
+        content = self.select_content(content, q)
+        return QueryOutput(content, position, reference, {"enc_outputs": proposals},
+                           self.self_attention_mask(batch, q))
+
+    def select_content(self, content, count: int):
+        """The decoder's ``(B, Q, d)`` input from the chosen cells' features."""
+        return content
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class MixedQueries(TwoStageQueries):
+    """DINO's mixed query selection: two-stage reference boxes, learned content.
+
+    The ``Q`` best cells position the queries and give their reference boxes, as
+    `TwoStageQueries`; the decoder's input is a learned vector per query (``query_content``,
+    N(0, 1) as DINO's embedding) instead of the cells' encoder features, which DINO finds
+    ambiguous as content (a cell may hold part of an object or several).
+    """
+
+    def build(self, memory_shape=None, feature_valid_shape=None):
+        super().build(memory_shape, feature_valid_shape)
+        self.query_content = self.add_weight(
+            shape=(self.total_queries, self.hidden_dim),
+            initializer=keras.initializers.RandomNormal(stddev=1.0), name="query_content",
+        )
+
+    def select_content(self, content, count: int):
+        learned = ops.cast(self.query_content[:count], self.compute_dtype)  # (Q, d)
+        return ops.broadcast_to(learned[None], ops.shape(content))
 
 
 #: ``DetrConfig.query_type`` -> its layer class.
@@ -222,6 +309,7 @@ QUERY_LAYERS: dict[str, type[QueryStrategy]] = {
     "learned": LearnedQueries,
     "reference": ReferenceQueries,
     "encoder": TwoStageQueries,
+    "mixed": MixedQueries,
 }
 
 

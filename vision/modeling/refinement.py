@@ -7,7 +7,9 @@ memory_pos, feature_valid) -> DecodedQueries``:
   the decoder stack); each layer's box is an offset from the reference, if there is one.
 - `IterativeRefinement`: the layers one by one; layer ``i`` is positioned by the boxes of
   layer ``i - 1`` (Deformable DETR's iterative box refinement with DAB-DETR's box position
-  embedding), using only the decoder's public ``layers`` and ``normalize``.
+  embedding), using only the decoder's public ``layers`` and ``normalize``; with
+  ``look_forward_twice`` (DINO) each layer's box is an offset from the previous layer's
+  box with its gradient, so a layer's loss also trains the layer before it.
 
 Both own the cross-attention window (``attention_radius``): each query attends only to the
 feature cells within that distance of its reference point. ``keras.ops`` only.
@@ -96,6 +98,7 @@ class StaticReferences(BoxDecoding):
         decoded = decoder(
             start.content, memory, memory_mask=self.memory_mask(feature_valid, start.reference),
             query_pos=start.position, memory_pos=memory_pos,
+            self_attention_mask=start.self_attention_mask,
             return_cross_attention=return_cross_attention, training=training,
         )  # output (L, B, Q, d), attention (L, B, heads, Q, S) or None
         boxes = ops.cast(box_head(decoded.output), "float32")  # (L, B, Q, 4) logits
@@ -110,14 +113,26 @@ class IterativeRefinement(BoxDecoding):
     Layer ``i`` is positioned by the boxes of layer ``i - 1`` (the query strategy's
     reference boxes and position for the first): its query position is
     ``queries.embed(boxes)`` and its attention window is centred on them, and its box is
-    predicted as an offset from them in logit space. No gradient flows through the boxes from
-    one layer to the next. Needs a query strategy with reference boxes (``reference_size``
-    4). Arguments and results as `BoxDecoding`.
+    predicted as an offset from them in logit space. No gradient flows through the boxes that
+    position a layer. Without ``look_forward_twice`` (Deformable DETR) the offset is from
+    those boxes, so no gradient flows from one layer's box to the next either; with it
+    (DINO's look forward twice) the offset is from the previous layer's predicted box with
+    its gradient. Needs a query strategy with reference boxes (``reference_size`` 4).
+    Arguments and results as `BoxDecoding`.
+
+    Args:
+        attention_radius: as `BoxDecoding`.
+        look_forward_twice: offsets from the previous layer's box with its gradient.
     """
+
+    def __init__(self, attention_radius: float | None = None, look_forward_twice: bool = False):
+        super().__init__(attention_radius)
+        self.look_forward_twice = look_forward_twice
 
     def __call__(self, decoder, box_head, queries, start, memory, memory_pos, feature_valid,
                  return_cross_attention: bool = False, training=None) -> DecodedQueries:
         x, position, reference = start.content, start.position, start.reference
+        previous = reference  # the box the next offset is from (logits)
         hidden, boxes, attention = [], [], []
         for i, layer in enumerate(decoder.layers):
             if i:
@@ -125,21 +140,24 @@ class IterativeRefinement(BoxDecoding):
             out = layer(
                 x, memory, memory_mask=self.memory_mask(feature_valid, reference),
                 query_pos=position, memory_pos=memory_pos,
+                self_attention_mask=start.self_attention_mask,
                 return_cross_attention=return_cross_attention, training=training,
             )
             x = out.output  # (B, Q, d)
             h = decoder.normalize(x)  # as the stack's intermediate outputs
-            box = ops.cast(box_head(h), "float32") + reference  # (B, Q, 4) logits
+            box = ops.cast(box_head(h), "float32") + previous  # (B, Q, 4) logits
             hidden.append(h)
             boxes.append(ops.sigmoid(box))
             attention.append(out.attention)
             reference = ops.stop_gradient(box)
+            previous = box if self.look_forward_twice else reference
         attention = ops.stack(attention, axis=0) if return_cross_attention else None
         return DecodedQueries(ops.stack(hidden, axis=0), ops.stack(boxes, axis=0), attention)
 
 
 def make_box_decoding(box_refinement: bool, attention_radius: float | None,
-                      reference_size: int, query_type: str = "") -> BoxDecoding:
+                      reference_size: int, query_type: str = "",
+                      look_forward_twice: bool = False) -> BoxDecoding:
     """The decoding strategy, after checking it fits the query strategy.
 
     Args:
@@ -147,12 +165,19 @@ def make_box_decoding(box_refinement: bool, attention_radius: float | None,
         attention_radius: None or a positive number.
         reference_size: the query strategy's ``reference_size`` (0, 2 or 4).
         query_type: its name, for the error messages.
+        look_forward_twice: DINO's look forward twice; needs ``box_refinement``.
 
     Raises:
         ValueError: refinement without reference boxes, a radius without reference points,
             or a bad value (the message names the argument and the value).
     """
     checks.boolean("box_refinement", box_refinement)
+    checks.boolean("look_forward_twice", look_forward_twice)
+    if look_forward_twice and not box_refinement:
+        raise ValueError(
+            "`look_forward_twice` refines each layer's box from the previous layer's: it "
+            "needs `box_refinement=True`. Received: box_refinement=False"
+        )
     if box_refinement and reference_size != 4:
         raise ValueError(
             "`box_refinement` needs a `query_type` with reference boxes (e.g. 'encoder'). "
@@ -165,4 +190,6 @@ def make_box_decoding(box_refinement: bool, attention_radius: float | None,
             f"'encoder'). Received: attention_radius={attention_radius!r}, "
             f"query_type={query_type!r}"
         )
-    return (IterativeRefinement if box_refinement else StaticReferences)(radius)
+    if box_refinement:
+        return IterativeRefinement(radius, look_forward_twice)
+    return StaticReferences(radius)
