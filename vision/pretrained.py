@@ -15,7 +15,8 @@ model must be found with its shape, with two exceptions:
   "no object") are loaded when the source has the same classes, in any order (the columns are
   reordered by name), and re-initialized when the class list differs ("class head: 92 -> 4
   outputs, re-initialized");
-- per-query weights (``query_embed``, ``reference_logits``, ``query_content``) may shrink: the first ``Q`` are kept.
+- per-query weights (``query_embed``, ``reference_logits``, ``query_content``) may
+  shrink: the first ``Q`` are kept.
 
 Anything else that differs (another hidden size, backbone, number of layers) is refused with
 the first weight that does not fit.

@@ -165,7 +165,8 @@ def test_query_layers_round_trip_their_config(name):
 
 def test_query_type_and_radius_are_checked():
     for bad in ("anchors", "Learned", None):  # the error names the accepted ones
-        with pytest.raises(ValueError, match=r"one of \('learned', 'reference', 'encoder'\)"):
+        accepted = r"one of \('learned', 'reference', 'encoder', 'mixed'\)"
+        with pytest.raises(ValueError, match=accepted):
             query_layer_class(bad)
     backbone = build_backbone("tiny", filters=(8,))
     with pytest.raises(ValueError, match="query_type=.anchors"):
