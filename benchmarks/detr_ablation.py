@@ -42,6 +42,8 @@ AIDS = {
     "mixed_queries": {"query_type": "mixed"},
     # H-DETR: 5x as many training-only queries matched to 6 copies of the targets.
     "hybrid": {"one_to_many_queries": 100, "one_to_many_copies": 6},
+    # DN-DETR / DINO: 3 groups of a positive and a negative noised copy of every target slot.
+    "denoising": {"denoising_groups": 3},
 }
 
 

@@ -33,7 +33,8 @@ __all__ = ["DetrConfig", "PRESETS", "preset"]
 _MODEL_FIELDS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
                  "ffn_dim", "dropout", "num_queries", "norm_first", "query_type",
                  "attention_radius", "box_refinement", "look_forward_twice",
-                 "one_to_many_queries")
+                 "one_to_many_queries", "denoising_groups", "denoising_label_noise",
+                 "denoising_box_noise")
 _POSITIVE_INTS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",
                   "ffn_dim", "num_queries", "proposal_matches", "epochs", "batch_size",
                   "image_size", "max_image_size", "one_to_many_copies")
@@ -83,6 +84,12 @@ class DetrConfig:
     # one_to_many_copies copies of the targets (0: none).
     one_to_many_queries: int = 0
     one_to_many_copies: int = 6
+    # Contrastive denoising (DN-DETR, DINO): this many groups of a positive and a negative
+    # noised copy of every target as training-only queries (0: none); DINO's label noise
+    # ratio and box noise scale. Needs reference boxes (query_type "encoder" or "mixed").
+    denoising_groups: int = 0
+    denoising_label_noise: float = 0.5
+    denoising_box_noise: float = 1.0
 
     # Loss (SetCriterion) and matching (HungarianMatcher).
     aux_loss: bool = True  # also supervise every earlier decoder layer
@@ -179,6 +186,13 @@ def _check_values(config: DetrConfig) -> None:
     make_box_decoding(config.box_refinement, config.attention_radius,
                       query_layer.reference_size, config.query_type, config.look_forward_twice)
     checks.non_negative_int("DetrConfig.one_to_many_queries", config.one_to_many_queries)
+    checks.non_negative_int("DetrConfig.denoising_groups", config.denoising_groups)
+    if config.denoising_groups and query_layer.reference_size != 4:
+        _fail("denoising_groups", config.denoising_groups,
+              "0 unless query_type has reference boxes ('encoder' or 'mixed')")
+    checks.fraction("DetrConfig.denoising_label_noise", config.denoising_label_noise,
+                    interval="[]")
+    checks.non_negative_number("DetrConfig.denoising_box_noise", config.denoising_box_noise)
     if config.cost_class == config.cost_bbox == config.cost_giou == 0:
         _fail("cost_class", config.cost_class, "non-zero, or cost_bbox or cost_giou non-zero")
     if config.matcher_solver not in SOLVERS:

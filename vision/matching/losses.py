@@ -138,6 +138,17 @@ class SetCriterion:
                 ops.tile(valid, [1, k]), num_boxes * k, "outputs['enc_outputs']",
             )
             losses.update({f"{name}_enc": value for name, value in enc_losses.items()})
+        if "denoising" in outputs:  # noised targets, each query knowing its own
+            groups = outputs["denoising"]["labels"].shape[1] // (2 * labels.shape[1])
+            denoising = self._denoising_losses(outputs["denoising"], num_boxes * groups)
+            if self.aux_loss:
+                for i, aux in enumerate(outputs["denoising"].get("aux_outputs") or []):
+                    aux_losses = self._denoising_losses({**outputs["denoising"], **aux},
+                                                        num_boxes * groups)
+                    denoising.update({f"{name}_{i}": v for name, v in aux_losses.items()})
+            for name, value in denoising.items():  # loss_ce -> loss_ce_dn, loss_ce_0 -> _dn_0
+                term, _, layer = name.partition("_")[2].partition("_")
+                losses["_".join(["loss", term, "dn"] + ([layer] if layer else []))] = value
         total = ops.zeros((), "float32")
         for name, value in losses.items():
             weight = self._weight(name)
@@ -150,7 +161,7 @@ class SetCriterion:
         if name in self.weight_dict:
             return float(self.weight_dict[name])
         # loss_ce_3, loss_ce_enc, loss_ce_o2m, loss_ce_o2m_3 -> loss_ce
-        base = re.sub(r"(_o2m)?(_\d+|_enc)?$", "", name)
+        base = re.sub(r"(_o2m|_dn)?(_\d+|_enc)?$", "", name)
         return float(self.weight_dict.get(base, 0.0))
 
     def _decoder_losses(self, outputs: dict, labels: Any, boxes: Any, valid: Any,
@@ -164,6 +175,16 @@ class SetCriterion:
                 )
                 losses.update({f"{name}_{i}": value for name, value in aux_losses.items()})
         return losses
+
+    def _denoising_losses(self, layer: dict, num_boxes: Any) -> dict:
+        """One layer's denoising losses: no matching; positives reconstruct their target,
+        negatives predict no-object; invalid (padding) queries take no part."""
+        valid = ops.cast(layer["valid"], "bool")
+        positive = ops.logical_and(ops.cast(layer["positive"], "bool"), valid)
+        indices = ops.where(positive, ops.arange(positive.shape[1])[None], -1)
+        return self._losses_of_match(layer, ops.cast(layer["labels"], "int32"),
+                                     ops.cast(layer["boxes"], "float32"), indices, valid,
+                                     num_boxes)
 
     def _layer_losses(
         self, layer: dict, labels: Any, boxes: Any, valid: Any, num_boxes: Any, where: str
@@ -188,6 +209,14 @@ class SetCriterion:
             pred_valid = ops.cast(pred_valid, "bool")
             indices = self.matcher(logits, pred_boxes, labels, boxes, valid, pred_valid=pred_valid)
             indices = ops.where(pred_valid, indices, -1)
+        return self._losses_of_match(layer, labels, boxes, indices, pred_valid, num_boxes)
+
+    def _losses_of_match(self, layer: dict, labels: Any, boxes: Any, indices: Any,
+                         pred_valid: Any, num_boxes: Any) -> dict:
+        """The three losses given each prediction's target index (-1: no-object);
+        ``pred_valid`` (None: all) marks the predictions that take part."""
+        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C + 1)
+        pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
         indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
         matched = indices >= 0  # (B, Q)
         safe_indices = ops.maximum(indices, 0)

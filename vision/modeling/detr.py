@@ -24,6 +24,7 @@ from tfx_transformer import SinePositionEmbedding2D, TransformerDecoder, Transfo
 from vision.matching.losses import SetCriterion
 from vision.matching.matcher import HungarianMatcher
 from vision.modeling.backbone import build_backbone
+from vision.modeling.denoising import ContrastiveDenoising
 from vision.modeling.geometry import resize_mask
 from vision.modeling.heads import MLP
 from vision.modeling.init import reset_transformer_parameters, torch_linear_init
@@ -80,11 +81,15 @@ class DETR(SetLossModel):
             previous layer's with its gradient (DINO).
         one_to_many_queries: training-only queries of H-DETR's hybrid one-to-many branch
             (``"one_to_many"`` in the training outputs); see `vision.modeling.queries`.
+        denoising_groups, denoising_label_noise, denoising_box_noise: contrastive denoising
+            queries made from the targets in training (``"denoising"`` in the training
+            outputs); see `vision.modeling.denoising`. Needs reference boxes.
         **kwargs: base model arguments.
 
     Call arguments:
         inputs: dict with ``"images"`` ``(B, H, W, 3)`` float32 (ImageNet mean/std normalized)
-            and ``"mask"`` ``(B, H, W)`` bool, ``True`` = valid pixel (optional: all valid).
+            and ``"mask"`` ``(B, H, W)`` bool, ``True`` = valid pixel (optional: all valid);
+            in training with denoising groups, also ``"targets"`` (the loss's targets).
         training: enables dropout.
 
     Returns:
@@ -118,6 +123,9 @@ class DETR(SetLossModel):
         box_refinement: bool = False,
         look_forward_twice: bool = False,
         one_to_many_queries: int = 0,
+        denoising_groups: int = 0,
+        denoising_label_noise: float = 0.5,
+        denoising_box_noise: float = 1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -146,6 +154,11 @@ class DETR(SetLossModel):
         self.box_refinement = box_refinement
         self.look_forward_twice = look_forward_twice
         self.one_to_many_queries = one_to_many_queries
+        if denoising_groups and query_layer.reference_size != 4:
+            raise ValueError(
+                "`denoising_groups` needs a `query_type` with reference boxes ('encoder' or "
+                f"'mixed'). Received: query_type={query_type!r}"
+            )
 
         # Created in the order of the model before the strategies became layers, so that
         # the same seed gives the same initial weights.
@@ -168,6 +181,9 @@ class DETR(SetLossModel):
         self.queries = query_layer(num_queries, d, num_classes,
                                    one_to_many_queries=one_to_many_queries,
                                    dtype=policy, name="queries")
+        self.denoising = ContrastiveDenoising(
+            denoising_groups, num_classes, d, denoising_label_noise, denoising_box_noise,
+            dtype=policy, name="denoising")
         self.box_decoding = box_decoding
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
@@ -186,6 +202,7 @@ class DETR(SetLossModel):
         self.class_head.build((None, None, d))
         self.box_head.build((None, None, d))
         self.queries.build((None, None, d), (None, None, None))
+        self.denoising.build()
         self.built = True
 
     @property
@@ -207,12 +224,15 @@ class DETR(SetLossModel):
         features = self.backbone(images, valid=valid, training=training)  # (B, h, w, C)
         memory, memory_pos, feature_valid = self._encode(features, valid, training)
         start = self.queries(memory, feature_valid, training=training)
+        start, denoised = self.denoising.extend(start, inputs.get("targets"), self.queries,
+                                                training)
         decoded = self.box_decoding(
             self.decoder, self.box_head, self.queries, start, memory, memory_pos,
             feature_valid, return_cross_attention=return_cross_attention, training=training,
         )  # hidden (L, B, Q, d), boxes (L, B, Q, 4)
         logits = ops.cast(self.class_head(decoded.hidden), "float32")  # (L, B, Q, C + 1)
-        predictions = {**start.extra, **self.queries.predictions(logits, decoded.boxes)}
+        predictions = {**start.extra, **self.denoising.predictions(
+            self.queries, logits, decoded.boxes, denoised)}
         size = ops.shape(features)[1:3]
         return DetrOutput(predictions, decoded.attention, (size[0], size[1]))
 
@@ -250,6 +270,9 @@ class DETR(SetLossModel):
             "box_refinement": self.box_refinement,
             "look_forward_twice": self.look_forward_twice,
             "one_to_many_queries": self.one_to_many_queries,
+            "denoising_groups": self.denoising.groups,
+            "denoising_label_noise": self.denoising.label_noise,
+            "denoising_box_noise": self.denoising.box_noise,
         }
 
     @classmethod
