@@ -18,8 +18,6 @@ positions the denoising queries).
 
 from __future__ import annotations
 
-from typing import Any
-
 import keras
 from keras import ops
 
