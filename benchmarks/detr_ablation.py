@@ -44,6 +44,8 @@ AIDS = {
     "hybrid": {"one_to_many_queries": 100, "one_to_many_copies": 6},
     # DN-DETR / DINO: 3 groups of a positive and a negative noised copy of every target slot.
     "denoising": {"denoising_groups": 3},
+    # RT-DETR's IoU-aware classification target (softmax form).
+    "iou_aware": {"iou_aware_classification": True},
 }
 
 

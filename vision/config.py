@@ -40,7 +40,8 @@ _POSITIVE_INTS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_
                   "image_size", "max_image_size", "one_to_many_copies")
 _NON_NEGATIVE = ("eos_coef", "cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox",
                  "loss_giou", "backbone_lr_multiplier", "weight_decay")
-_BOOLS = ("norm_first", "box_refinement", "look_forward_twice", "aux_loss")
+_BOOLS = ("norm_first", "box_refinement", "look_forward_twice", "aux_loss",
+          "iou_aware_classification")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,9 @@ class DetrConfig:
     # How many proposals each object is matched to (one-to-many); used only with
     # query_type="encoder", the only one with proposals.
     proposal_matches: int = 1
+    # A matched query's class target is its IoU with its object (the rest on no-object):
+    # the softmax form of varifocal loss's IoU-aware target (RT-DETR).
+    iou_aware_classification: bool = False
     # "scipy": exact host solver; the train step must run with jit_compile=False.
     # "ops": pure keras.ops solver, same minimum cost, lets the whole step compile with XLA.
     matcher_solver: str = "scipy"

@@ -199,3 +199,29 @@ def test_the_one_to_many_branch_is_matched_to_k_copies_of_the_targets():
     weights = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
     added = sum(2 * weights[name.replace("_o2m", "")] * value for name, value in expected.items())
     assert got["loss"] == pytest.approx(without["loss"] + added, rel=1e-5)
+
+
+def _iou(a, b):
+    a, b = _xyxy(a), _xyxy(b)
+    inter = np.prod(np.clip(np.minimum(a[2:], b[2:]) - np.maximum(a[:2], b[:2]), 0, None))
+    return inter / (np.prod(a[2:] - a[:2]) + np.prod(b[2:] - b[:2]) - inter)
+
+
+def test_iou_aware_classification_targets_the_matched_box_iou():
+    # Query 0 sits near the object and is matched; query 1 is far away and is not.
+    logits = np.array([[[1.0, -0.5, 0.2], [0.3, 0.1, 0.9]]], "float32")
+    boxes = np.array([[[0.42, 0.5, 0.3, 0.2], [0.1, 0.1, 0.05, 0.05]]], "float32")
+    targets = {"labels": np.array([[0]]), "boxes": np.array([[[0.4, 0.5, 0.3, 0.25]]], "float32"),
+               "valid": np.array([[True]])}
+    criterion = SetCriterion(2, HungarianMatcher(), eos_coef=0.1, aux_loss=False,
+                             iou_aware=True)
+    got = _numpy(criterion({"pred_logits": logits, "pred_boxes": boxes}, targets))
+    log_p = np.log(_softmax(logits[0].astype("float64")))
+    iou = _iou(boxes[0, 0].astype("float64"), targets["boxes"][0, 0])
+    assert 0.5 < iou < 1
+    expected = (-(iou * log_p[0, 0] + (1 - iou) * log_p[0, 2]) - 0.1 * log_p[1, 2]) / 1.1
+    assert got["loss_ce"] == pytest.approx(expected, rel=1e-5)
+    plain = _numpy(SetCriterion(2, HungarianMatcher(), eos_coef=0.1, aux_loss=False)(
+        {"pred_logits": logits, "pred_boxes": boxes}, targets))
+    assert plain["loss_ce"] == pytest.approx((-log_p[0, 0] - 0.1 * log_p[1, 2]) / 1.1, rel=1e-5)
+    assert got["loss_bbox"] == pytest.approx(plain["loss_bbox"], rel=1e-6)

@@ -29,7 +29,7 @@ from keras import ops
 
 from tfx_transformer import checks
 from vision.matching.matcher import HungarianMatcher
-from vision.modeling.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
+from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou, generalized_box_iou
 
 __all__ = ["SetCriterion"]
 
@@ -61,6 +61,11 @@ class SetCriterion:
             by this many times ``num_boxes``. Their losses are ``loss_ce_o2m``, ... and, with
             `aux_loss`, ``loss_ce_o2m_0``, ..., weighted as the one-to-one losses of the same
             name (H-DETR's λ = 1).
+        iou_aware: The classification target of a matched query is its box's IoU with its
+            object (no gradient) on the object's class and the rest on no-object: the
+            softmax form of the IoU-aware score target of varifocal loss (RT-DETR), so that
+            the class score ranks the detections by how well they are placed. False: DETR's
+            one-hot target.
 
     Call arguments:
         outputs: Dict with ``pred_logits`` `(B, Q, C + 1)`, ``pred_boxes`` `(B, Q, 4)`
@@ -89,6 +94,7 @@ class SetCriterion:
         aux_loss: bool = True,
         proposal_matches: int = 1,
         one_to_many_copies: int = 6,
+        iou_aware: bool = False,
     ) -> None:
         checks.positive_int("num_classes", num_classes)
         checks.non_negative_number("eos_coef", eos_coef)
@@ -101,6 +107,7 @@ class SetCriterion:
         self.aux_loss = bool(aux_loss)
         self.proposal_matches = checks.positive_int("proposal_matches", proposal_matches)
         self.one_to_many_copies = checks.positive_int("one_to_many_copies", one_to_many_copies)
+        self.iou_aware = checks.boolean("iou_aware", iou_aware)
 
     @staticmethod
     def count_boxes(targets: dict) -> Any:
@@ -226,14 +233,19 @@ class SetCriterion:
         target_classes = ops.where(matched, matched_labels, self.num_classes)  # (B, Q)
         log_probs = ops.log_softmax(logits, axis=-1)
         nll = -ops.take_along_axis(log_probs, target_classes[..., None], axis=-1)[..., 0]
+        gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
+        target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
+        if self.iou_aware:  # matched: IoU on the class, 1 - IoU on no-object
+            iou = box_iou(box_cxcywh_to_xyxy(pred_boxes)[..., None, :],
+                          box_cxcywh_to_xyxy(target_boxes)[..., None, :])[0][..., 0, 0]
+            iou = ops.stop_gradient(ops.clip(iou, 0.0, 1.0))
+            nll = ops.where(matched, iou * nll - (1.0 - iou) * log_probs[..., -1], nll)
         weights = ops.where(matched, 1.0, self.eos_coef)  # (B, Q)
         if pred_valid is not None:  # invalid predictions take no part in the loss
             weights = ops.where(pred_valid, weights, 0.0)
         loss_ce = _safe_divide(ops.sum(weights * nll), ops.sum(weights))
 
         # Box losses over matched pairs only.
-        gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
-        target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
         l1 = ops.sum(ops.abs(pred_boxes - target_boxes), axis=-1)  # (B, Q)
         giou = generalized_box_iou(
             box_cxcywh_to_xyxy(pred_boxes)[..., None, :],  # (B, Q, 1, 4)
@@ -253,6 +265,7 @@ class SetCriterion:
             "aux_loss": self.aux_loss,
             "proposal_matches": self.proposal_matches,
             "one_to_many_copies": self.one_to_many_copies,
+            "iou_aware": self.iou_aware,
         }
 
     @classmethod

@@ -308,7 +308,8 @@ def build_criterion(config, num_classes: int) -> SetCriterion:
     weights = {"loss_ce": config.loss_ce, "loss_bbox": config.loss_bbox,
                "loss_giou": config.loss_giou}
     return SetCriterion(num_classes, matcher, config.eos_coef, weights, config.aux_loss,
-                        config.proposal_matches, config.one_to_many_copies)
+                        config.proposal_matches, config.one_to_many_copies,
+                        config.iou_aware_classification)
 
 
 def build_model(config, num_classes: int) -> DETR:
