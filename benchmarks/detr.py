@@ -39,7 +39,7 @@ SETTINGS = {  # name: (preset, batch, image side, objects per image)
     "tiny": ("tiny", 2, 128, 4),
     "tiny16": ("tiny", 16, 128, 4),
     "tiny-detr16": ("tiny-detr", 16, 128, 4),  # vanilla DETR: the reference's setting
-    "r50": ("r50", 2, 256, 4),
+    "r50": ("r50-detr", 2, 256, 4),
 }
 
 

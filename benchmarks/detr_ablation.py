@@ -42,6 +42,8 @@ AIDS = {
     "mixed_queries": {"query_type": "mixed"},
     # H-DETR: 5x as many training-only queries matched to 6 copies of the targets.
     "hybrid": {"one_to_many_queries": 100, "one_to_many_copies": 6},
+    # The same at a lower cost: 2x the queries, 3 copies.
+    "hybrid_small": {"one_to_many_queries": 40, "one_to_many_copies": 3},
     # DN-DETR / DINO: 3 groups of a positive and a negative noised copy of every target slot.
     "denoising": {"denoising_groups": 3},
     # RT-DETR's IoU-aware classification target (softmax form).

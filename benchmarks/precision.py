@@ -95,7 +95,7 @@ CASES = {
     "nmt-tiny": lambda: _nmt("tiny", 64),
     "nmt-base": lambda: _nmt("base", 16),
     "detr-tiny": _detr,
-    "detr-r50": lambda: _detr("r50", batch=2, side=256),
+    "detr-r50": lambda: _detr("r50-detr", batch=2, side=256),
 }
 
 
