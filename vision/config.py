@@ -1,6 +1,7 @@
 """The detector's one configuration: a frozen dataclass with named presets.
 
-``r50`` holds the numbers of facebookresearch/detr (``main.py`` defaults and the paper).
+``r50-detr`` holds the numbers of facebookresearch/detr (``main.py`` defaults and the paper),
+``r50`` the same with the convergence aids.
 ``tiny-detr`` is vanilla DETR at the size of the reference CPU run of facebookresearch/detr
 (benchmarks/README.md), and ``tiny`` the same size with the convergence aids that let it learn
 in minutes on a CPU (two-stage queries, box refinement, local cross-attention; see
@@ -46,9 +47,10 @@ _BOOLS = ("norm_first", "box_refinement", "look_forward_twice", "aux_loss",
 
 @dataclasses.dataclass(frozen=True)
 class DetrConfig:
-    """Hyperparameters of the DETR model, its loss and its optimizer (defaults = ``r50``)."""
+    """Hyperparameters of the DETR model, its loss and its optimizer (defaults = ``r50-detr``,
+    facebookresearch/detr's)."""
 
-    name: str = "r50"
+    name: str = "r50-detr"
 
     # Backbone.
     # "resnet50" or "resnet101" (torchvision's v1.5, DETR's; stride 32, 2048 channels) or
@@ -229,11 +231,17 @@ _TINY = dict(
     lr_drop_fraction=0.8,
 )
 
+# The convergence aids of `tiny` that hold at any size (the preset's others, no dropout and the
+# full backbone rate, suit a backbone trained from scratch; r50's starts from ImageNet).
+_AIDS = dict(query_type="encoder", box_refinement=True, attention_radius=0.3)
+
 PRESETS: dict[str, DetrConfig] = {
-    "r50": DetrConfig(),
+    # DETR-R50 with the convergence aids (benchmarks/README.md): two-stage queries, iterative
+    # box refinement, cross-attention within 0.3 of each reference box.
+    "r50": DetrConfig(name="r50", **_AIDS),
     # facebookresearch/detr's DETR-R50 as published: the model its checkpoints load into
     # (vision.pretrained.load_reference_checkpoint).
-    "r50-detr": DetrConfig(name="r50-detr"),
+    "r50-detr": DetrConfig(),
     # Vanilla DETR at the reference CPU setting (how it converges: benchmarks/README.md).
     "tiny-detr": DetrConfig(name="tiny-detr", **_TINY),
     # The same model size with the convergence aids that make it learn in minutes on a CPU:
@@ -244,9 +252,7 @@ PRESETS: dict[str, DetrConfig] = {
         name="tiny",
         **{
             **_TINY,
-            "query_type": "encoder",
-            "box_refinement": True,
-            "attention_radius": 0.3,
+            **_AIDS,
             "dropout": 0.0,
             "backbone_lr_multiplier": 1.0,
             "augmentation": "flip",

@@ -10,8 +10,8 @@ from vision.modeling.detr import DETR
 from vision.modeling.queries import QUERY_LAYERS
 
 
-def test_r50_holds_detrs_numbers():
-    r50 = preset("r50")  # facebookresearch/detr main.py defaults and the paper
+def test_r50_detr_holds_detrs_numbers():
+    r50 = preset("r50-detr")  # facebookresearch/detr main.py defaults and the paper
     assert (r50.backbone, r50.hidden_dim, r50.num_heads) == ("resnet50", 256, 8)
     assert (r50.num_encoder_layers, r50.num_decoder_layers, r50.ffn_dim) == (6, 6, 2048)
     assert (r50.num_queries, r50.dropout, r50.norm_first) == (100, 0.1, False)
@@ -19,6 +19,18 @@ def test_r50_holds_detrs_numbers():
     assert r50.learning_rate * r50.backbone_lr_multiplier == pytest.approx(1e-5)
     assert (r50.eos_coef, r50.cost_class, r50.cost_bbox, r50.cost_giou) == (0.1, 1.0, 5.0, 2.0)
     assert (r50.query_type, r50.attention_radius, r50.box_refinement) == ("learned", None, False)
+    assert DetrConfig() == r50
+
+
+def test_r50_is_detr_with_the_convergence_aids_of_tiny():
+    aided, vanilla, tiny = preset("r50"), preset("r50-detr"), preset("tiny")
+    aids = {"query_type", "box_refinement", "attention_radius"}
+    for field in dataclasses.fields(DetrConfig):
+        if field.name in aids:
+            assert getattr(aided, field.name) == getattr(tiny, field.name), field.name
+        elif field.name != "name":
+            assert getattr(aided, field.name) == getattr(vanilla, field.name), field.name
+    assert aided.query_type == "encoder" and aided.box_refinement
 
 
 def test_tiny_presets_share_the_size_and_differ_by_the_convergence_aids():
@@ -27,7 +39,7 @@ def test_tiny_presets_share_the_size_and_differ_by_the_convergence_aids():
             "ffn_dim", "num_queries", "learning_rate", "batch_size", "image_size")
     assert [getattr(fast, f) for f in size] == [getattr(vanilla, f) for f in size]
     # Vanilla DETR: DETR's query type, dropout, augmentation and backbone ratio.
-    r50 = preset("r50")
+    r50 = preset("r50-detr")
     for field in ("query_type", "attention_radius", "box_refinement", "dropout",
                   "augmentation", "backbone_lr_multiplier"):
         assert getattr(vanilla, field) == getattr(r50, field), field
@@ -105,4 +117,4 @@ def test_every_query_type_is_accepted_exactly_with_the_aids_its_references_allow
             with pytest.raises(ValueError, match="attention_radius=0.3"):
                 preset("tiny", query_type=name, box_refinement=False, attention_radius=0.3)
     # Each kind of query layer is there to be checked: learned, points, boxes.
-    assert sorted(layer.reference_size for layer in QUERY_LAYERS.values()) == [0, 2, 4]
+    assert sorted({layer.reference_size for layer in QUERY_LAYERS.values()}) == [0, 2, 4]
