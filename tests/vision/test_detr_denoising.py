@@ -69,6 +69,7 @@ def test_positives_move_within_the_noise_scale_negatives_beyond_it_labels_flip_a
 def test_the_matching_queries_do_not_see_the_denoising_ones_nor_groups_each_other():
     rng = np.random.default_rng(1)
     targets = _targets(rng, batch=2)
+    targets["valid"][1, 1] = False  # image 1 has one object, image 0 two
     layer = ContrastiveDenoising(2, NUM_CLASSES, 8, seed=0)
     layer.build()
 
@@ -81,13 +82,15 @@ def test_the_matching_queries_do_not_see_the_denoising_ones_nor_groups_each_othe
                         np.zeros((2, 5, 4), "float32"), {})
     combined, meta = layer.extend(start, targets, Queries(), training=True)
     mask = _numpy(combined.self_attention_mask)
-    assert mask.shape == (2, 17, 17) and meta["count"] == 12
+    # The batch has at most two objects an image: 2 groups x 2 x 2 queries.
+    assert mask.shape == (2, 13, 13) and meta["matching"] == 5
     assert mask[:, :5, :5].all() and not mask[:, :5, 5:].any()
     assert mask[:, 5:, :5].all()
-    key_valid = np.tile([True, True, False], 4)  # the third target slot is padding
-    group = np.arange(12) // 6
-    expected = (group[:, None] == group[None]) & key_valid[None]
-    np.testing.assert_array_equal(mask[:, 5:, 5:], np.broadcast_to(expected, (2, 12, 12)))
+    group = np.arange(8) // 4
+    same_group = group[:, None] == group[None]
+    np.testing.assert_array_equal(mask[0, 5:, 5:], same_group)
+    key_valid = np.tile([True, False], 4)  # image 1's second slot is padding
+    np.testing.assert_array_equal(mask[1, 5:, 5:], same_group & key_valid[None])
     same, none = layer.extend(start, targets, Queries(), training=False)
     assert none is None and same is start
 
@@ -104,7 +107,7 @@ def test_denoising_queries_leave_the_matching_predictions_unchanged():
     for key in ("pred_logits", "pred_boxes"):
         np.testing.assert_allclose(train[key], infer[key], rtol=1e-4, atol=1e-5)
         assert train["one_to_many"][key].shape[1] == 4
-        assert train["denoising"][key].shape[1] == 2 * 2 * 3
+        assert train["denoising"][key].shape[1] == 2 * 2 * 2  # 2 groups, 2 target slots
     config_back = type(model).from_config(model.get_config())
     assert config_back.denoising.groups == 2
 
@@ -133,7 +136,7 @@ def test_the_denoising_loss_reconstructs_positives_and_rejects_negatives_without
              "labels": np.tile(targets["labels"], (1, 2 * groups)),
              "boxes": np.tile(targets["boxes"], (1, 2 * groups, 1)),
              "positive": np.broadcast_to(np.tile(np.arange(6) < 3, groups), (2, n)),
-             "valid": np.tile(targets["valid"], (1, 2 * groups))}
+             "valid": np.tile(targets["valid"], (1, 2 * groups)), "groups": np.float32(groups)}
     outputs = {"pred_logits": np.zeros((2, 6, NUM_CLASSES + 1), "float32"),
                "pred_boxes": np.full((2, 6, 4), 0.5, "float32"), "denoising": layer}
     got = _numpy(SetCriterion(NUM_CLASSES, HungarianMatcher(), eos_coef=eos)(outputs, targets))

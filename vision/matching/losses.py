@@ -146,7 +146,7 @@ class SetCriterion:
             )
             losses.update({f"{name}_enc": value for name, value in enc_losses.items()})
         if "denoising" in outputs:  # noised targets, each query knowing its own
-            groups = outputs["denoising"]["labels"].shape[1] // (2 * labels.shape[1])
+            groups = ops.cast(outputs["denoising"]["groups"], "float32")
             denoising = self._denoising_losses(outputs["denoising"], num_boxes * groups)
             if self.aux_loss:
                 for i, aux in enumerate(outputs["denoising"].get("aux_outputs") or []):
@@ -188,7 +188,7 @@ class SetCriterion:
         negatives predict no-object; invalid (padding) queries take no part."""
         valid = ops.cast(layer["valid"], "bool")
         positive = ops.logical_and(ops.cast(layer["positive"], "bool"), valid)
-        indices = ops.where(positive, ops.arange(positive.shape[1])[None], -1)
+        indices = ops.where(positive, ops.arange(ops.shape(positive)[1])[None], -1)
         return self._losses_of_match(layer, ops.cast(layer["labels"], "int32"),
                                      ops.cast(layer["boxes"], "float32"), indices, valid,
                                      num_boxes)

@@ -11,7 +11,8 @@ without matching (`vision.matching.losses.SetCriterion`, ``outputs["denoising"]`
 
 The decoder's self-attention keeps the tasks apart: the matching queries (the query
 strategy's, one-to-many ones included) see none of the denoising queries, and each group
-sees the matching queries and its own valid queries only. At inference (or with
+sees the matching queries and its own valid queries only. The groups copy the target slots
+up to the batch's most objects (not the data's padding to ``num_queries``). At inference (or with
 ``groups=0``) nothing is added. Needs a query strategy with reference boxes (its ``embed``
 positions the denoising queries).
 """
@@ -74,16 +75,18 @@ class ContrastiveDenoising(keras.layers.Layer):
         targets, or with no groups), and what the loss needs of them (or ``None``)."""
         if not (self.groups and training and targets is not None):
             return start, None
-        labels = ops.cast(targets["labels"], "int32")  # (B, M)
-        boxes = ops.cast(targets["boxes"], "float32")  # (B, M, 4)
+        # The target slots up to the batch's most objects (the data pads to num_queries).
         valid = ops.cast(targets["valid"], "bool")
-        content, reference, meta = self(labels, boxes, valid)  # (B, N, d), (B, N, 4)
+        m = ops.max(ops.sum(ops.cast(valid, "int32"), axis=1))
+        labels = ops.cast(targets["labels"], "int32")[:, :m]  # (B, M)
+        boxes = ops.cast(targets["boxes"], "float32")[:, :m]  # (B, M, 4)
+        content, reference, meta = self(labels, boxes, valid[:, :m])  # (B, N, d), (B, N, 4)
         batch, count = ops.shape(start.content)[0], start.content.shape[1]
-        n = 2 * self.groups * labels.shape[1]
+        n = 2 * self.groups * m
         own = start.self_attention_mask
         if own is None:
             own = ops.ones((batch, count, count), "bool")
-        group = ops.arange(n) // (2 * labels.shape[1])  # (N,)
+        group = ops.arange(n) // (2 * m)  # (N,)
         same = ops.logical_and(ops.equal(group[:, None], group[None, :])[None],
                                meta["valid"][:, None, :])  # (B, N, N)
         mask = ops.concatenate([
@@ -95,14 +98,14 @@ class ContrastiveDenoising(keras.layers.Layer):
             ops.concatenate([start.content, ops.cast(content, start.content.dtype)], axis=1),
             ops.concatenate([start.position, ops.cast(position, start.position.dtype)], axis=1),
             ops.concatenate([start.reference, reference], axis=1), start.extra, mask)
-        return combined, {**meta, "count": n}
+        return combined, {**meta, "matching": count}
 
     def call(self, labels, boxes, valid):
         """``(B, M)`` labels, ``(B, M, 4)`` cxcywh boxes, ``(B, M)`` validity -> content
         ``(B, N, d)``, reference logits ``(B, N, 4)`` and the loss's ``labels``, ``boxes``,
-        ``positive``, ``valid`` (each ``(B, N, ...)``), ``N = 2 * groups * M``: group by
-        group, the M positives then the M negatives."""
-        m = labels.shape[1]
+        ``positive``, ``valid`` (each ``(B, N, ...)``) and ``groups``, ``N = 2 * groups *
+        M``: group by group, the M positives then the M negatives."""
+        m = ops.shape(labels)[1]
         copies = 2 * self.groups
         labels = ops.tile(labels, [1, copies])  # (B, N)
         boxes = ops.tile(boxes, [1, copies, 1])
@@ -125,21 +128,22 @@ class ContrastiveDenoising(keras.layers.Layer):
         content = ops.take(ops.cast(self.label_embed, self.compute_dtype),
                            ops.maximum(noised_labels, 0), axis=0)
         return content, reference, {"labels": labels, "boxes": boxes, "positive": positive,
-                                    "valid": valid}
+                                    "valid": valid,
+                                    "groups": ops.convert_to_tensor(self.groups, "float32")}
 
     def predictions(self, queries, logits, boxes, meta) -> dict:
         """The model's predictions (`QueryStrategy.predictions`) and, with denoising
-        queries (the last ``meta["count"]``), theirs as ``"denoising"``: the three keys of a
-        layer's outputs plus the loss's targets."""
+        queries (after the first ``meta["matching"]``), theirs as ``"denoising"``: the three
+        keys of a layer's outputs plus the loss's targets."""
         if meta is None:
             return queries.predictions(logits, boxes)
-        n = meta["count"]
-        predictions = queries.predictions(logits[:, :, :-n], boxes[:, :, :-n])
+        t = meta["matching"]
+        predictions = queries.predictions(logits[:, :, :t], boxes[:, :, :t])
         denoising = {
-            "pred_logits": logits[-1, :, -n:], "pred_boxes": boxes[-1, :, -n:],
-            "aux_outputs": [{"pred_logits": logits[i, :, -n:], "pred_boxes": boxes[i, :, -n:]}
+            "pred_logits": logits[-1, :, t:], "pred_boxes": boxes[-1, :, t:],
+            "aux_outputs": [{"pred_logits": logits[i, :, t:], "pred_boxes": boxes[i, :, t:]}
                             for i in range(logits.shape[0] - 1)],
-            **{key: meta[key] for key in ("labels", "boxes", "positive", "valid")},
+            **{key: meta[key] for key in ("labels", "boxes", "positive", "valid", "groups")},
         }
         return {**predictions, "denoising": denoising}
 
