@@ -251,25 +251,16 @@ class DETR(SetLossModel):
     # --- serialization -----------------------------------------------------------------------
 
     def get_config(self):
+        fields = ("num_classes", "hidden_dim", "num_heads", "num_encoder_layers",
+                  "num_decoder_layers", "ffn_dim", "dropout", "num_queries", "norm_first",
+                  "query_type", "attention_radius", "box_refinement", "look_forward_twice",
+                  "one_to_many_queries")
         return {
             "name": self.name,
             "trainable": self.trainable,
             "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
-            "num_classes": self.num_classes,
             "backbone": keras.saving.serialize_keras_object(self.backbone),
-            "hidden_dim": self.hidden_dim,
-            "num_heads": self.num_heads,
-            "num_encoder_layers": self.num_encoder_layers,
-            "num_decoder_layers": self.num_decoder_layers,
-            "ffn_dim": self.ffn_dim,
-            "dropout": self.dropout,
-            "num_queries": self.num_queries,
-            "norm_first": self.norm_first,
-            "query_type": self.query_type,
-            "attention_radius": self.attention_radius,
-            "box_refinement": self.box_refinement,
-            "look_forward_twice": self.look_forward_twice,
-            "one_to_many_queries": self.one_to_many_queries,
+            **{field: getattr(self, field) for field in fields},
             "denoising_groups": self.denoising.groups,
             "denoising_label_noise": self.denoising.label_noise,
             "denoising_box_noise": self.denoising.box_noise,
