@@ -128,16 +128,18 @@ class SetCriterion:
             num_boxes = self.count_boxes(targets)
         num_boxes = ops.maximum(ops.cast(num_boxes, "float32"), 1.0)
 
-        losses = self._decoder_losses(outputs, labels, boxes, valid, num_boxes, "outputs")
+        def matched(k, where):  # one layer's losses against k copies of every target
+            copies = (labels, boxes, valid) if k == 1 else (
+                ops.tile(labels, [1, k]), ops.tile(boxes, [1, k, 1]), ops.tile(valid, [1, k]))
+            return lambda layer, i: self._layer_losses(
+                layer, *copies, num_boxes * k,
+                where if i is None else f"{where}['aux_outputs'][{i}]")
+
+        losses = self._decoder_losses(outputs, matched(1, "outputs"))
         if "one_to_many" in outputs:  # the hybrid branch: K copies of every target
-            k = self.one_to_many_copies
-            hybrid = self._decoder_losses(
-                outputs["one_to_many"], ops.tile(labels, [1, k]), ops.tile(boxes, [1, k, 1]),
-                ops.tile(valid, [1, k]), num_boxes * k, "outputs['one_to_many']",
-            )
-            for name, value in hybrid.items():  # loss_ce -> loss_ce_o2m, loss_ce_0 -> _o2m_0
-                term, _, layer = name.partition("_")[2].partition("_")
-                losses["_".join(["loss", term, "o2m"] + ([layer] if layer else []))] = value
+            hybrid = self._decoder_losses(outputs["one_to_many"], matched(
+                self.one_to_many_copies, "outputs['one_to_many']"))
+            losses.update(_tagged(hybrid, "o2m"))
         if "enc_outputs" in outputs:  # two-stage proposals, one per encoder cell
             k = self.proposal_matches
             enc_losses = self._layer_losses(
@@ -146,16 +148,10 @@ class SetCriterion:
             )
             losses.update({f"{name}_enc": value for name, value in enc_losses.items()})
         if "denoising" in outputs:  # noised targets, each query knowing its own
-            groups = ops.cast(outputs["denoising"]["groups"], "float32")
-            denoising = self._denoising_losses(outputs["denoising"], num_boxes * groups)
-            if self.aux_loss:
-                for i, aux in enumerate(outputs["denoising"].get("aux_outputs") or []):
-                    aux_losses = self._denoising_losses({**outputs["denoising"], **aux},
-                                                        num_boxes * groups)
-                    denoising.update({f"{name}_{i}": v for name, v in aux_losses.items()})
-            for name, value in denoising.items():  # loss_ce -> loss_ce_dn, loss_ce_0 -> _dn_0
-                term, _, layer = name.partition("_")[2].partition("_")
-                losses["_".join(["loss", term, "dn"] + ([layer] if layer else []))] = value
+            dn = outputs["denoising"]
+            normalizer = num_boxes * ops.cast(dn["groups"], "float32")
+            losses.update(_tagged(self._decoder_losses(
+                dn, lambda layer, i: self._denoising_losses({**dn, **layer}, normalizer)), "dn"))
         total = ops.zeros((), "float32")
         for name, value in losses.items():
             weight = self._weight(name)
@@ -171,16 +167,14 @@ class SetCriterion:
         base = re.sub(r"(_o2m|_dn)?(_\d+|_enc)?$", "", name)
         return float(self.weight_dict.get(base, 0.0))
 
-    def _decoder_losses(self, outputs: dict, labels: Any, boxes: Any, valid: Any,
-                        num_boxes: Any, where: str) -> dict:
-        """The last layer's losses and, with `aux_loss`, every earlier layer's (``_i``)."""
-        losses = self._layer_losses(outputs, labels, boxes, valid, num_boxes, where)
+    def _decoder_losses(self, outputs: dict, layer_losses) -> dict:
+        """``layer_losses(layer, i)`` of the last layer (``i`` None) and, with `aux_loss`, of
+        every earlier one (``i``, names suffixed ``_i``)."""
+        losses = layer_losses(outputs, None)
         if self.aux_loss:
             for i, aux in enumerate(outputs.get("aux_outputs") or []):
-                aux_losses = self._layer_losses(
-                    aux, labels, boxes, valid, num_boxes, f"{where}['aux_outputs'][{i}]"
-                )
-                losses.update({f"{name}_{i}": value for name, value in aux_losses.items()})
+                losses.update({f"{name}_{i}": value
+                               for name, value in layer_losses(aux, i).items()})
         return losses
 
     def _denoising_losses(self, layer: dict, num_boxes: Any) -> dict:
@@ -273,6 +267,15 @@ class SetCriterion:
         config = dict(config)
         config["matcher"] = keras.saving.deserialize_keras_object(config["matcher"])
         return cls(**config)
+
+
+def _tagged(losses: dict, tag: str) -> dict:
+    """``loss_ce`` -> ``loss_ce_TAG``, ``loss_ce_0`` -> ``loss_ce_TAG_0``."""
+    renamed = {}
+    for name, value in losses.items():
+        term, _, layer = name.partition("_")[2].partition("_")
+        renamed["_".join(["loss", term, tag] + ([layer] if layer else []))] = value
+    return renamed
 
 
 def _safe_divide(numerator: Any, denominator: Any) -> Any:
