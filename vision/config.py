@@ -24,7 +24,7 @@ import dataclasses
 from tfx_transformer import checks
 from vision.data.batching import AUGMENTATIONS
 from vision.matching.assignment import SOLVERS
-from vision.modeling.backbone import BACKBONES
+from vision.modeling.backbone import BACKBONES, TINY_NORMS
 from vision.modeling.queries import query_layer_class
 from vision.modeling.refinement import make_box_decoding
 
@@ -61,6 +61,9 @@ class DetrConfig:
     # ever downloaded.
     backbone_weights: str | None = None
     tiny_filters: tuple[int, ...] = (32, 64, 128, 256)  # one stride-2 conv block per entry
+    # The tiny backbone's normalization: "batch" (BatchNorm over the valid pixels) or
+    # "layer" (LayerNorm per pixel).
+    tiny_norm: str = "layer"
 
     # Transformer.
     hidden_dim: int = 256  # d_model; the sine position embedding uses hidden_dim / 2 per axis
@@ -151,7 +154,7 @@ class DetrConfig:
         """The arguments of `vision.modeling.backbone.build_backbone`."""
         kwargs = {"name": self.backbone, "weights": self.backbone_weights}
         if self.backbone == "tiny":
-            kwargs["filters"] = self.tiny_filters
+            kwargs.update(filters=self.tiny_filters, norm=self.tiny_norm)
         return kwargs
 
 
@@ -168,7 +171,8 @@ def _check_types(config: DetrConfig) -> None:
         checks.positive_number(f"DetrConfig.{field}", getattr(config, field))
     for field in _BOOLS:
         checks.boolean(f"DetrConfig.{field}", getattr(config, field))
-    for field in ("name", "backbone", "query_type", "matcher_solver", "augmentation"):
+    for field in ("name", "backbone", "tiny_norm", "query_type", "matcher_solver",
+                  "augmentation"):
         if not isinstance(getattr(config, field), str):
             _fail(field, getattr(config, field), "a string")
     if not isinstance(config.tiny_filters, tuple):
@@ -179,6 +183,8 @@ def _check_types(config: DetrConfig) -> None:
 def _check_values(config: DetrConfig) -> None:
     if config.backbone not in BACKBONES:
         _fail("backbone", config.backbone, f"one of {BACKBONES}")
+    if config.tiny_norm not in TINY_NORMS:
+        _fail("tiny_norm", config.tiny_norm, f"one of {TINY_NORMS}")
     if config.backbone_weights is not None and (
             config.backbone == "tiny" or not isinstance(config.backbone_weights, str)):
         _fail("backbone_weights", config.backbone_weights,

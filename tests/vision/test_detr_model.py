@@ -74,7 +74,34 @@ def test_tiny_backbone_stride_and_zero_padding():
     assert np.all(features[0, 2:] == 0) and np.all(features[0, :, 1:] == 0)
     assert np.any(features[0, :2, :1] != 0)
     restored = TinyBackbone.from_config(backbone.get_config())
-    assert restored.filters == (4, 8) and restored.stride == 4
+    assert restored.filters == (4, 8) and restored.stride == 4 and restored.norm == "layer"
+
+
+def test_tiny_backbone_batch_norm_takes_its_statistics_from_valid_pixels_only():
+    backbone = TinyBackbone(filters=(4,), norm="batch")
+    rng = np.random.default_rng(3)
+    images = _images(rng, 2, 8, 6)
+    valid = np.ones((2, 8, 6), bool)
+    valid[1, 4:] = False  # the second image is 4 x 6, padded to 8 x 6
+    padded = images * valid[..., None]
+    features = keras.ops.convert_to_numpy(backbone(images, valid=valid, training=True))
+    conv = keras.ops.convert_to_numpy(backbone.convs[0](np.pad(padded, [(0, 0), (1, 1), (1, 1),
+                                                                         (0, 0)])))
+    cells = valid[:, ::2, ::2]  # (2, 4, 3): the last two rows of the second image are padding
+    mean, var = conv[cells].mean(0), conv[cells].var(0)  # over valid cells, biased, per channel
+    expected = np.maximum((conv - mean) / np.sqrt(var + 1e-5), 0) * cells[..., None]
+    np.testing.assert_allclose(features, expected, atol=1e-5)
+    norm = backbone.norms[0]  # PyTorch's momentum: running = 0.9 running + 0.1 batch
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(norm.moving_mean), 0.1 * mean,
+                               atol=1e-6)
+    inference = keras.ops.convert_to_numpy(backbone(images, valid=valid))
+    running = keras.ops.convert_to_numpy(norm.moving_variance)
+    np.testing.assert_allclose(
+        inference, np.maximum((conv - 0.1 * mean) / np.sqrt(running + 1e-5), 0) * cells[..., None],
+        atol=1e-5)
+    assert TinyBackbone.from_config(backbone.get_config()).norm == "batch"
+    with pytest.raises(ValueError, match="norm"):
+        TinyBackbone(norm="group")
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ __all__ = ["BACKBONES", "IMAGENET_MEAN", "IMAGENET_STD", "ResNetBackbone", "Tiny
            "build_backbone"]
 
 BACKBONES = ("resnet50", "resnet101", "tiny")  # the names `build_backbone` accepts
+TINY_NORMS = ("batch", "layer")  # the normalizations of `TinyBackbone`
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)  # RGB, of pixel values in [0, 1]
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -26,34 +27,39 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 @keras.saving.register_keras_serializable(package="vision")
 class TinyBackbone(keras.layers.Layer):
-    """A small CNN: ``len(filters)`` blocks of 3x3 stride-2 conv, LayerNorm, relu.
+    """A small CNN: ``len(filters)`` blocks of 3x3 stride-2 conv, normalization, relu.
 
     Output stride ``2 ** len(filters)`` (16 by default). Padding never leaks: the input and
     every block's output are multiplied by the validity mask at that resolution (so
     convolutions see zeros in padded areas, exactly like the implicit zero padding at the
-    border of an unpadded image), each conv pads one pixel on every side explicitly (the
-    output grid does not depend on the padded size), and the normalization is a per-pixel
-    LayerNorm over channels (GroupNorm would mix padded pixels into its statistics,
-    BatchNorm in training mode would mix images of the batch).
+    border of an unpadded image), and each conv pads one pixel on every side explicitly (the
+    output grid does not depend on the padded size). The normalization is a BatchNorm
+    (``norm="batch"``: statistics over the valid pixels of the batch in training, PyTorch's
+    momentum 0.1, the running statistics at inference) or a per-pixel LayerNorm over
+    channels (``"layer"``: no batch statistics, so training and inference compute the same).
 
     Args:
         filters: channels of each block.
+        norm: ``"batch"`` or ``"layer"``.
         **kwargs: base layer arguments.
 
     Call arguments:
         images: ``(B, H, W, 3)`` float.
         valid: ``(B, H, W)`` bool, ``True`` = valid pixel, or ``None`` (all valid).
-        training: unused (nothing here depends on it).
+        training: BatchNorm's mode.
 
     Returns:
         ``(B, ceil(H / s), ceil(W / s), filters[-1])`` with ``s = 2 ** len(filters)``; zero
         at padded positions.
     """
 
-    def __init__(self, filters: tuple[int, ...] | list[int] = (32, 64, 128, 256), **kwargs):
+    def __init__(self, filters: tuple[int, ...] | list[int] = (32, 64, 128, 256),
+                 norm: str = "layer", **kwargs):
         super().__init__(**kwargs)
         filters = checks.positive_ints("filters", tuple(filters))
-        self.filters = filters
+        if norm not in TINY_NORMS:
+            raise ValueError(f"`norm` must be one of {TINY_NORMS}. Received: norm={norm!r}")
+        self.filters, self.norm = filters, norm
         self.stride = 2 ** len(filters)
         self.output_channels = filters[-1]
 
@@ -66,9 +72,12 @@ class TinyBackbone(keras.layers.Layer):
                 dtype=self.dtype_policy, name=f"conv_{i}",
             )
             conv.build((None, None, None, channels))
-            norm = keras.layers.LayerNormalization(
-                epsilon=1e-5, dtype=self.dtype_policy, name=f"norm_{i}"
-            )
+            if self.norm == "batch":
+                norm = keras.layers.BatchNormalization(
+                    momentum=0.9, epsilon=1e-5, dtype=self.dtype_policy, name=f"norm_{i}")
+            else:
+                norm = keras.layers.LayerNormalization(
+                    epsilon=1e-5, dtype=self.dtype_policy, name=f"norm_{i}")
             norm.build((None, None, None, f))
             self.convs.append(conv)
             self.norms.append(norm)
@@ -80,10 +89,16 @@ class TinyBackbone(keras.layers.Layer):
             valid = ops.cast(valid, x.dtype)[..., None]  # (B, H, W, 1)
             x = x * valid
         for conv, norm in zip(self.convs, self.norms):
-            x = ops.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]])
-            x = ops.relu(norm(conv(x)))  # (B, ceil(H/2), ceil(W/2), f)
+            x = conv(ops.pad(x, [[0, 0], [1, 1], [1, 1], [0, 0]]))  # (B, ceil(H/2), ceil(W/2), f)
             if valid is not None:
                 valid = valid[:, ::2, ::2]  # the pixel at the centre of each conv window
+            if self.norm == "batch":
+                mask = None if valid is None else ops.cast(valid[..., 0], "bool")
+                x = norm(x, training=training, mask=mask)
+            else:
+                x = norm(x)
+            x = ops.relu(x)
+            if valid is not None:
                 x = x * valid
         return x
 
@@ -92,7 +107,7 @@ class TinyBackbone(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(filters=list(self.filters))
+        config.update(filters=list(self.filters), norm=self.norm)
         return config
 
 
