@@ -61,9 +61,9 @@ class DetrConfig:
     # ever downloaded.
     backbone_weights: str | None = None
     tiny_filters: tuple[int, ...] = (32, 64, 128, 256)  # one stride-2 conv block per entry
-    # The tiny backbone's normalization: "batch" (BatchNorm over the valid pixels) or
-    # "layer" (LayerNorm per pixel).
-    tiny_norm: str = "layer"
+    # The tiny backbone's normalization: "batch" (BatchNorm over the valid pixels of the
+    # global batch) or "layer" (LayerNorm per pixel).
+    tiny_norm: str = "batch"
 
     # Transformer.
     hidden_dim: int = 256  # d_model; the sine position embedding uses hidden_dim / 2 per axis

@@ -69,7 +69,7 @@ def test_model_kwargs_are_the_detr_arguments():
     assert config.model_kwargs()["num_queries"] == 9
     assert config.model_kwargs()["attention_radius"] == 0.2
     assert config.backbone_kwargs() == {"name": "tiny", "weights": None,
-                                        "filters": config.tiny_filters}
+                                        "filters": config.tiny_filters, "norm": "batch"}
     assert preset("r50").backbone_kwargs() == {"name": "resnet50", "weights": None}
 
 

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from scipy.optimize import linear_sum_assignment
 
 import vision.training.set_loss as set_loss_module
 from vision.config import preset
@@ -74,7 +75,7 @@ def test_tiny_backbone_stride_and_zero_padding():
     assert np.all(features[0, 2:] == 0) and np.all(features[0, :, 1:] == 0)
     assert np.any(features[0, :2, :1] != 0)
     restored = TinyBackbone.from_config(backbone.get_config())
-    assert restored.filters == (4, 8) and restored.stride == 4 and restored.norm == "layer"
+    assert restored.filters == (4, 8) and restored.stride == 4 and restored.norm == "batch"
 
 
 def test_tiny_backbone_batch_norm_takes_its_statistics_from_valid_pixels_only():
@@ -91,13 +92,17 @@ def test_tiny_backbone_batch_norm_takes_its_statistics_from_valid_pixels_only():
     mean, var = conv[cells].mean(0), conv[cells].var(0)  # over valid cells, biased, per channel
     expected = np.maximum((conv - mean) / np.sqrt(var + 1e-5), 0) * cells[..., None]
     np.testing.assert_allclose(features, expected, atol=1e-5)
-    norm = backbone.norms[0]  # PyTorch's momentum: running = 0.9 running + 0.1 batch
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(norm.moving_mean), 0.1 * mean,
+    # PyTorch's running statistics: 0.9 running + 0.1 batch, the batch variance unbiased.
+    norm = backbone.norms[0]
+    running_mean, running_var = 0.1 * mean, 0.9 + 0.1 * conv[cells].var(0, ddof=1)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(norm.moving_mean), running_mean,
                                atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(norm.moving_variance), running_var,
+                               rtol=1e-5)
     inference = keras.ops.convert_to_numpy(backbone(images, valid=valid))
-    running = keras.ops.convert_to_numpy(norm.moving_variance)
     np.testing.assert_allclose(
-        inference, np.maximum((conv - 0.1 * mean) / np.sqrt(running + 1e-5), 0) * cells[..., None],
+        inference,
+        np.maximum((conv - running_mean) / np.sqrt(running_var + 1e-5), 0) * cells[..., None],
         atol=1e-5)
     assert TinyBackbone.from_config(backbone.get_config()).norm == "batch"
     with pytest.raises(ValueError, match="norm"):
@@ -309,6 +314,14 @@ def test_mixed_precision_forward_is_float32_close_to_float32(name):
     assert keras.backend.standardize_dtype(outputs["pred_boxes"].dtype) == "float32"
     assert keras.backend.standardize_dtype(outputs["pred_logits"].dtype) == "float32"
     ours, full = _numpy_outputs(outputs), _numpy_outputs(reference(inputs))
+    # Two-stage queries come in the order of their proposals' scores, which bfloat16 may swap
+    # where two are close: compare each float32 query with its nearest bfloat16 one (a
+    # one-to-one assignment; a proposal that bfloat16 leaves out still fails).
+    for i in range(len(ours["pred_boxes"])):
+        cost = np.abs(full["pred_boxes"][i][:, None] - ours["pred_boxes"][i][None]).sum(-1)
+        order = linear_sum_assignment(cost)[1]
+        ours["pred_boxes"][i], ours["pred_logits"][i] = (
+            ours["pred_boxes"][i][order], ours["pred_logits"][i][order])
     # bfloat16 keeps 8 bits of mantissa (relative error ~4e-3 per operation): measured over
     # seeds, boxes differ by at most 1.4e-3 and logits (|logit| < 1.2) by 2.2e-2; the
     # tolerances leave about 3x room.

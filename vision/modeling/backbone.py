@@ -13,10 +13,11 @@ import keras
 from keras import ops
 
 from tfx_transformer import checks
+from tfx_transformer.training.distribute import replica_sum
 from vision.modeling.resnet import ResNetBackbone
 
 __all__ = ["BACKBONES", "IMAGENET_MEAN", "IMAGENET_STD", "ResNetBackbone", "TinyBackbone",
-           "build_backbone"]
+           "ValidBatchNorm", "build_backbone"]
 
 BACKBONES = ("resnet50", "resnet101", "tiny")  # the names `build_backbone` accepts
 TINY_NORMS = ("batch", "layer")  # the normalizations of `TinyBackbone`
@@ -54,7 +55,7 @@ class TinyBackbone(keras.layers.Layer):
     """
 
     def __init__(self, filters: tuple[int, ...] | list[int] = (32, 64, 128, 256),
-                 norm: str = "layer", **kwargs):
+                 norm: str = "batch", **kwargs):
         super().__init__(**kwargs)
         filters = checks.positive_ints("filters", tuple(filters))
         if norm not in TINY_NORMS:
@@ -73,8 +74,7 @@ class TinyBackbone(keras.layers.Layer):
             )
             conv.build((None, None, None, channels))
             if self.norm == "batch":
-                norm = keras.layers.BatchNormalization(
-                    momentum=0.9, epsilon=1e-5, dtype=self.dtype_policy, name=f"norm_{i}")
+                norm = ValidBatchNorm(dtype=self.dtype_policy, name=f"norm_{i}")
             else:
                 norm = keras.layers.LayerNormalization(
                     epsilon=1e-5, dtype=self.dtype_policy, name=f"norm_{i}")
@@ -93,8 +93,7 @@ class TinyBackbone(keras.layers.Layer):
             if valid is not None:
                 valid = valid[:, ::2, ::2]  # the pixel at the centre of each conv window
             if self.norm == "batch":
-                mask = None if valid is None else ops.cast(valid[..., 0], "bool")
-                x = norm(x, training=training, mask=mask)
+                x = norm(x, valid, training=training)
             else:
                 x = norm(x)
             x = ops.relu(x)
@@ -108,6 +107,70 @@ class TinyBackbone(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(filters=list(self.filters), norm=self.norm)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class ValidBatchNorm(keras.layers.Layer):
+    """BatchNorm over the valid pixels of the whole global batch, PyTorch's ``BatchNorm2d`` step.
+
+    In training the per-channel mean and (biased) variance are taken over the valid pixels
+    only, summed over every replica of a `tf.distribute` strategy (one statistic for the
+    global batch, as a single device computes it: synchronized BatchNorm); the running
+    statistics move by ``momentum`` towards the batch mean and the unbiased batch variance.
+    At inference the running statistics normalize.
+
+    Args:
+        momentum: PyTorch's: ``running = (1 - momentum) * running + momentum * batch``.
+        epsilon: added to the variance.
+        **kwargs: base layer arguments.
+
+    Call arguments:
+        x: ``(B, H, W, C)``.
+        valid: ``(B, H, W, 1)`` of 0/1 in ``x``'s dtype, or ``None`` (all valid).
+        training: batch statistics (and a running-statistics update) when true.
+    """
+
+    def __init__(self, momentum: float = 0.1, epsilon: float = 1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.momentum, self.epsilon = float(momentum), float(epsilon)
+
+    def build(self, x_shape, valid_shape=None):
+        shape = (x_shape[-1],)
+        add = self.add_weight
+        self.gamma = add(shape=shape, initializer="ones", name="gamma", autocast=False)
+        self.beta = add(shape=shape, initializer="zeros", name="beta", autocast=False)
+        self.moving_mean = add(shape=shape, initializer="zeros", name="moving_mean",
+                               trainable=False, autocast=False, aggregation="mean")
+        self.moving_variance = add(shape=shape, initializer="ones", name="moving_variance",
+                                   trainable=False, autocast=False, aggregation="mean")
+
+    def call(self, x, valid=None, training=None):
+        x32 = ops.cast(x, "float32")
+        if training:
+            weight = ops.ones_like(x32[..., :1]) if valid is None else ops.cast(valid, "float32")
+            count, total, squares = replica_sum(
+                [ops.sum(weight), ops.sum(x32 * weight, axis=(0, 1, 2)),
+                 ops.sum(ops.square(x32) * weight, axis=(0, 1, 2))])
+            count = ops.maximum(count, 1.0)
+            mean = total / count
+            variance = ops.maximum(squares / count - ops.square(mean), 0.0)
+            unbiased = variance * count / ops.maximum(count - 1.0, 1.0)
+            m = self.momentum
+            self.moving_mean.assign((1 - m) * self.moving_mean + m * ops.stop_gradient(mean))
+            self.moving_variance.assign(
+                (1 - m) * self.moving_variance + m * ops.stop_gradient(unbiased))
+        else:
+            mean, variance = self.moving_mean, self.moving_variance
+        scale = self.gamma * ops.rsqrt(variance + self.epsilon)
+        return ops.cast(x32 * scale + (self.beta - mean * scale), x.dtype)
+
+    def compute_output_shape(self, x_shape, valid_shape=None):
+        return x_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(momentum=self.momentum, epsilon=self.epsilon)
         return config
 
 
