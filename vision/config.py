@@ -253,7 +253,8 @@ PRESETS: dict[str, DetrConfig] = {
     # The same model size with the convergence aids that make it learn in minutes on a CPU:
     # two-stage queries from the encoder's proposals, iterative box
     # refinement, cross-attention within 0.3 of each reference box, no dropout, the
-    # backbone (trained from scratch) at the full learning rate, and flip-only augmentation.
+    # backbone (trained from scratch) at the full learning rate, and flip-only augmentation
+    # (both tiny presets normalize the backbone with BatchNorm, `tiny_norm`).
     "tiny": DetrConfig(
         name="tiny",
         **{
