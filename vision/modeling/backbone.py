@@ -109,6 +109,11 @@ class TinyBackbone(keras.layers.Layer):
         config.update(filters=list(self.filters), norm=self.norm)
         return config
 
+    @classmethod
+    def from_config(cls, config):
+        # Models saved before `norm` existed have the LayerNorm backbone.
+        return cls(**{"norm": "layer", **config})
+
 
 @keras.saving.register_keras_serializable(package="vision")
 class ValidBatchNorm(keras.layers.Layer):
