@@ -112,7 +112,7 @@ class TinyBackbone(keras.layers.Layer):
     @classmethod
     def from_config(cls, config):
         # Models saved before `norm` existed have the LayerNorm backbone.
-        return cls(**{"norm": "layer", **config})
+        return super().from_config({"norm": "layer", **config})
 
 
 @keras.saving.register_keras_serializable(package="vision")
