@@ -48,8 +48,8 @@ AIDS = {
     "denoising": {"denoising_groups": 3},
     # RT-DETR's IoU-aware classification target (softmax form).
     "iou_aware": {"iou_aware_classification": True},
-    # The tiny backbone with BatchNorm over the valid pixels instead of a per-pixel LayerNorm.
-    "batch_norm": {"tiny_norm": "batch"},
+    # The tiny backbone's former per-pixel LayerNorm instead of its BatchNorm (the default).
+    "layer_norm": {"tiny_norm": "layer"},
 }
 
 
