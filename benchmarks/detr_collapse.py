@@ -42,7 +42,7 @@ LOSSES = ("loss_ce", "loss_bbox", "loss_giou")
 
 
 def load_run(workdir: Path):
-    """The run's `DetrConfig`, its data source and the model with its last checkpoint."""
+    """The run's `DetrConfig`, its data source and the path of its last checkpoint."""
     metrics = json.loads((workdir / "metrics.json").read_text())
     fields = {field.name for field in dataclasses.fields(DetrConfig)}
     config = DetrConfig(**{key: tuple(value) if isinstance(value, list) else value

@@ -123,7 +123,8 @@ class ValidBatchNorm(keras.layers.Layer):
     only, summed over every replica of a `tf.distribute` strategy (one statistic for the
     global batch, as a single device computes it: synchronized BatchNorm); the running
     statistics move by ``momentum`` towards the batch mean and the unbiased batch variance.
-    At inference the running statistics normalize.
+    At inference the running statistics normalize. (Keras's `BatchNormalization` takes a mask
+    too, but its masked statistics stay per replica.)
 
     Args:
         momentum: PyTorch's: ``running = (1 - momentum) * running + momentum * batch``.
@@ -153,10 +154,14 @@ class ValidBatchNorm(keras.layers.Layer):
     def call(self, x, valid=None, training=None):
         x32 = ops.cast(x, "float32")
         if training:
-            weight = ops.ones_like(x32[..., :1]) if valid is None else ops.cast(valid, "float32")
+            if valid is None:
+                weighted, count = x32, ops.cast(ops.prod(ops.shape(x32)[:3]), "float32")
+            else:
+                valid = ops.cast(valid, "float32")
+                weighted, count = x32 * valid, ops.sum(valid)
             count, total, squares = replica_sum(
-                [ops.sum(weight), ops.sum(x32 * weight, axis=(0, 1, 2)),
-                 ops.sum(ops.square(x32) * weight, axis=(0, 1, 2))])
+                [count, ops.sum(weighted, axis=(0, 1, 2)),
+                 ops.sum(weighted * x32, axis=(0, 1, 2))])
             count = ops.maximum(count, 1.0)
             mean = total / count
             variance = ops.maximum(squares / count - ops.square(mean), 0.0)
