@@ -32,6 +32,7 @@ import time
 import numpy as np
 import torch
 import transformers
+from detr_step_parity import decoder_outputs
 from torch import nn
 from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss
 
@@ -91,8 +92,7 @@ def build_peer(num_classes: int, seed: int) -> transformers.DetrForObjectDetecti
 
 def predictions(model, pixels, mask):
     out = model(pixel_values=pixels, pixel_mask=mask, output_hidden_states=True)
-    layers = out.decoder_hidden_states[-model.config.decoder_layers:]
-    hidden = model.model.decoder.layernorm(torch.stack(layers))  # (L, B, Q, d)
+    hidden = decoder_outputs(model, out)  # (L, B, Q, d)
     return model.class_labels_classifier(hidden), model.bbox_predictor(hidden).sigmoid()
 
 

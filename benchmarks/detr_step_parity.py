@@ -11,8 +11,11 @@ which is DETR's ``SetCriterion``), gradients clipped to a global norm of 0.1, Ad
 backbone 1e-5, weight decay 1e-4, eps 1e-8). transformers' own ``auxiliary_loss=True`` path
 feeds each decoder layer's LayerNorm-ed output on to the next layer, which DETR does not; the
 auxiliary predictions are therefore taken from each layer's output (``output_hidden_states``)
-through the decoder's final LayerNorm, DETR's way. Prints the loss of each and the largest
-difference of every updated weight (the checkpoint read back after the step), by group.
+through the decoder's final LayerNorm, DETR's way (the last of those states is normalized
+already). Prints the loss of each and the largest
+difference of every updated weight (the checkpoint read back after the step), by group, and the
+largest difference of each float32 step from transformers' step in float64 (how far float32
+alone moves the updated weights).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import tempfile
 import numpy as np
 import torch
 import transformers
-from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss
+from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss, HungarianMatcher
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -55,6 +58,15 @@ def build_reference(folder: str, seed: int) -> transformers.DetrForObjectDetecti
     return model
 
 
+def decoder_outputs(model, out) -> torch.Tensor:
+    """Every decoder layer's output through the decoder's final LayerNorm, ``(L, B, Q, d)``:
+    DETR's intermediate outputs. transformers' ``decoder_hidden_states`` end with the final,
+    already normalized state (``last_hidden_state``); the earlier ones are not normalized."""
+    states = out.decoder_hidden_states[-model.config.decoder_layers:]
+    earlier = model.model.decoder.layernorm(torch.stack(states[:-1]))
+    return torch.cat([earlier, states[-1][None]])
+
+
 def reference_step(model, images, mask, targets, lr, backbone_lr, weight_decay, clip,
                    grads_folder):
     """transformers' forward, DETR's set loss with auxiliary losses, clip, AdamW step."""
@@ -62,8 +74,7 @@ def reference_step(model, images, mask, targets, lr, backbone_lr, weight_decay, 
     pixels = torch.from_numpy(images.transpose(0, 3, 1, 2))
     out = model(pixel_values=pixels, pixel_mask=torch.from_numpy(mask.astype("int64")),
                 output_hidden_states=True)
-    layers = out.decoder_hidden_states[-model.config.decoder_layers:]
-    hidden = model.model.decoder.layernorm(torch.stack(layers))  # (L, B, Q, d)
+    hidden = decoder_outputs(model, out)  # (L, B, Q, d)
     classes = model.class_labels_classifier(hidden)
     boxes = model.bbox_predictor(hidden).sigmoid()
     config = copy.deepcopy(model.config)
@@ -92,6 +103,44 @@ def reference_step(model, images, mask, targets, lr, backbone_lr, weight_decay, 
     return float(loss.detach()), float(norm), {k: float(v) for k, v in parts.items()}
 
 
+def reference_matching(model, images, mask, targets) -> list[np.ndarray]:
+    """transformers' Hungarian assignment of every decoder layer before the step, in the order
+    this project's criterion asks for them (last layer, then layers 0, 1, ...): ``(B, Q)``
+    target index of each query, -1 for none."""
+    matcher = HungarianMatcher(class_cost=model.config.class_cost,
+                               bbox_cost=model.config.bbox_cost,
+                               giou_cost=model.config.giou_cost)
+    model.train()
+    with torch.no_grad():
+        out = model(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2)),
+                    pixel_mask=torch.from_numpy(mask.astype("int64")), output_hidden_states=True)
+        hidden = decoder_outputs(model, out)
+        classes = model.class_labels_classifier(hidden)
+        boxes = model.bbox_predictor(hidden).sigmoid()
+        labels = [{"class_labels": torch.from_numpy(t["labels"]).long(),
+                   "boxes": torch.from_numpy(t["boxes"])} for t in targets]
+        per_layer = []
+        for layer in range(classes.shape[0]):
+            pairs = matcher({"logits": classes[layer], "pred_boxes": boxes[layer]}, labels)
+            indices = np.full(classes.shape[1:3], -1, "int32")
+            for b, (queries, objects) in enumerate(pairs):
+                indices[b, queries.numpy()] = objects.numpy()
+            per_layer.append(indices)
+    return per_layer[-1:] + per_layer[:-1]
+
+
+class GivenMatching:
+    """A matcher that returns fixed assignments, one per call, in turn."""
+
+    def __init__(self, assignments):
+        self.assignments, self.calls = list(assignments), 0
+
+    def __call__(self, logits, pred_boxes, labels, boxes, valid, pred_valid=None):
+        indices = self.assignments[self.calls % len(self.assignments)]
+        self.calls += 1
+        return indices
+
+
 def make_batch(rng, batch, height, width):
     images = rng.standard_normal((batch, height, width, 3)).astype("float32")
     mask = np.ones((batch, height, width), bool)
@@ -103,6 +152,34 @@ def make_batch(rng, batch, height, width):
         targets.append({"labels": rng.integers(0, len(NAMES), n).astype("int64"),
                         "boxes": np.concatenate([centres, sizes], 1).astype("float32")})
     return images, mask, targets
+
+
+def compare(model, expected, grads=None) -> dict:
+    """The largest difference of every updated weight of ``model`` from ``expected`` (Keras
+    paths), by group, with the weights that differ most and transformers' clipped gradient
+    there."""
+    import keras
+
+    worst, by_group, far, total, largest = 0.0, {}, 0, 0, []
+    for variable in model.trainable_weights:
+        key = variable.path.removeprefix("detr/")
+        diff = np.abs(keras.ops.convert_to_numpy(variable) - expected[key])
+        group = key.split("/")[0]
+        by_group[group] = max(by_group.get(group, 0.0), float(diff.max()))
+        worst = max(worst, float(diff.max()))
+        total += diff.size
+        far += int(np.sum(diff > 1e-5))
+        if grads is not None:
+            for i in np.argwhere(diff > 1e-5)[:5]:
+                i = tuple(int(j) for j in i)
+                largest.append([key, list(i), float(f"{diff[i]:.3g}"),
+                                float(f"{grads[key][i]:.3g}")])
+    result = {"worst_weight_difference": worst,
+              "weights_differing_by_more_than_1e-5": f"{far} of {total}",
+              "by_group": {k: float(f"{v:.3g}") for k, v in sorted(by_group.items())}}
+    if grads is not None:  # [weight, index, difference, transformers' clipped gradient there]
+        result["largest_differences"] = sorted(largest, key=lambda row: -row[2])[:5]
+    return result
 
 
 def main(argv=None) -> int:
@@ -120,10 +197,20 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         reference = build_reference(os.path.join(tmp, "before"), args.seed)
+        theirs = reference_matching(reference, images, mask, targets)
         torch_loss, torch_norm, torch_parts = reference_step(
             reference, images, mask, targets, lr, backbone_lr, weight_decay, clip,
             os.path.join(tmp, "grads"))
         reference.save_pretrained(os.path.join(tmp, "after"))
+        # The reference against itself in float64 (the exact step, up to float64 rounding):
+        # how far float32 alone moves transformers' own updated weights.
+        exact = build_reference(os.path.join(tmp, "exact"), args.seed).double()
+        torch.set_default_dtype(torch.float64)  # also the tensors the loss makes
+        reference_step(exact, images.astype("float64"), mask,
+                       [{**t, "boxes": t["boxes"].astype("float64")} for t in targets],
+                       lr, backbone_lr, weight_decay, clip, os.path.join(tmp, "grads_exact"))
+        torch.set_default_dtype(torch.float32)
+        exact.save_pretrained(os.path.join(tmp, "after_exact"))
 
         import keras
 
@@ -132,11 +219,6 @@ def main(argv=None) -> int:
         from vision.reference import read_reference
         from vision.training.optimizer import build_optimizer
 
-        model = load_reference_checkpoint(os.path.join(tmp, "before", "model.safetensors"),
-                                          dropout=0.0)
-        config = model.detr_config
-        model.compile(optimizer=build_optimizer(config, model),
-                      criterion=build_criterion(config, model.num_classes))
         m = max(len(t["labels"]) for t in targets)
         y = {"labels": np.zeros((args.batch, m), "int32"),
              "boxes": np.full((args.batch, m, 4), 0.5, "float32"),
@@ -144,42 +226,50 @@ def main(argv=None) -> int:
         for i, t in enumerate(targets):
             n = len(t["labels"])
             y["labels"][i, :n], y["boxes"][i, :n], y["valid"][i, :n] = t["labels"], t["boxes"], True
-        ours = model.train_on_batch({"images": images, "mask": mask}, y, return_dict=True)
+
+        def our_step(matching=None):
+            model = load_reference_checkpoint(os.path.join(tmp, "before", "model.safetensors"),
+                                              dropout=0.0)
+            config = model.detr_config
+            criterion = build_criterion(config, model.num_classes)
+            # Our own assignments of the same predictions, in the criterion's order.
+            out = model({"images": images, "mask": mask}, training=True)
+            own = [keras.ops.convert_to_numpy(criterion.matcher(
+                layer["pred_logits"], layer["pred_boxes"], y["labels"], y["boxes"], y["valid"]))
+                for layer in [out, *out["aux_outputs"]]]
+            if matching is not None:
+                criterion.matcher = GivenMatching(matching)
+            model.compile(optimizer=build_optimizer(config, model), criterion=criterion)
+            logs = model.train_on_batch({"images": images, "mask": mask}, y, return_dict=True)
+            return model, logs, own
+
+        model, ours, own = our_step()
+        given_model, given, _ = our_step(theirs)
         expected = read_reference(os.path.join(tmp, "after", "model.safetensors")).arrays
+        exact = read_reference(os.path.join(tmp, "after_exact", "model.safetensors")).arrays
         grads = read_reference(os.path.join(tmp, "grads", "model.safetensors")).arrays
 
-    worst, by_group, far, total, small, clear, largest = 0.0, {}, 0, 0, [], 0.0, []
-    for variable in model.trainable_weights:
-        key = variable.path.removeprefix("detr/")
-        diff = np.abs(keras.ops.convert_to_numpy(variable) - expected[key])
-        group = key.split("/")[0]
-        by_group[group] = max(by_group.get(group, 0.0), float(diff.max()))
-        worst = max(worst, float(diff.max()))
-        total += diff.size
-        far += int(np.sum(diff > 1e-5))
-        small.extend(np.abs(grads[key][diff > 1e-5]).tolist())
-        above = np.abs(grads[key]) > 1e-7  # 10x Adam's eps: a sign float noise cannot flip
-        if above.any():
-            clear = max(clear, float(diff[above].max()))
-        for i in np.argwhere(diff > 1e-5)[:5]:
-            i = tuple(int(j) for j in i)
-            largest.append([key, list(i), float(f"{diff[i]:.3g}"), float(f"{grads[key][i]:.3g}")])
-    largest = sorted(largest, key=lambda row: -row[2])[:5]
+    pairs = [(a[b], t[b]) for a, t in zip(own, theirs) for b in range(args.batch)]
+    equal = sum(bool(np.array_equal(a, t)) for a, t in pairs)
     print(json.dumps({
         "batch": [args.batch, args.height, args.width],
-        "loss": {"ours": round(float(ours["loss"]), 6), "transformers": round(torch_loss, 6)},
+        "loss": {"ours": round(float(ours["loss"]), 6),
+                 "ours_with_their_assignment": round(float(given["loss"]), 6),
+                 "transformers": round(torch_loss, 6)},
         "transformers_grad_norm": round(torch_norm, 4),
         "transformers_loss_terms": {k: round(v, 5) for k, v in torch_parts.items()
                                     if not k[-1].isdigit()},
-        "worst_weight_difference": worst,
-        "weights_differing_by_more_than_1e-5": f"{far} of {total}",
-        # Adam's first step is lr * g / (|g| + eps): a clipped gradient near eps = 1e-8 whose
-        # sign is float noise moves its weight by up to lr either way.
-        "their_median_clipped_gradient": float(np.median(small)) if small else None,
-        "worst_difference_where_the_clipped_gradient_exceeds_1e-7": clear,
-        "by_group": {k: float(f"{v:.3g}") for k, v in sorted(by_group.items())},
-        # [weight, index, difference, transformers' clipped gradient there]
-        "largest_differences": largest,
+        # At random weights DETR's queries predict nearly one box, so matching costs tie to
+        # float32 and two solvers may pick different (equally cheap) queries for an object.
+        "assignments_equal": f"{equal} of {len(pairs)} (decoder layer, image)",
+        # The step itself: our step given transformers' assignment.
+        "same_assignment": compare(given_model, expected, grads),
+        "own_assignment": compare(model, expected, grads),
+        # Each float32 step against transformers' own step in float64.
+        "worst_difference_from_the_float64_step": {
+            "ours_same_assignment": compare(given_model, exact)["worst_weight_difference"],
+            "transformers": max(float(np.abs(expected[k] - exact[k]).max()) for k in expected),
+        },
     }, indent=1))
     return 0
 

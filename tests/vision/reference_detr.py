@@ -6,7 +6,7 @@ outputs, "N/A" for the ids COCO leaves unused) writes FOLDER/detr-resnet-50/ (``
 under facebookresearch/detr's names, ``{"model": state_dict}``) and FOLDER/expected.npz: a
 padded batch of two images of different sizes (``images`` NHWC, ``mask``) and every decoder
 layer's ``logits`` ``(B, L, Q, 92)`` and ``boxes`` ``(B, L, Q, 4)``. The frozen BatchNorm
-statistics are randomized, so that the buffers' conversion matters. Used by
+statistics and the LayerNorm weights are randomized, so that their conversion matters. Used by
 test_reference_checkpoints.py in a process of its own (no TensorFlow).
 """
 
@@ -62,6 +62,9 @@ def main(folder: str) -> None:
                 module.bias.normal_(0.0, 0.1)
                 module.running_mean.normal_(0.0, 0.1)
                 module.running_var.uniform_(0.75, 1.25)
+            elif isinstance(module, torch.nn.LayerNorm):  # ones and zeros would hide a norm
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0.0, 0.1)
     model.save_pretrained(f"{folder}/detr-resnet-50")
     published = load_file(f"{folder}/detr-resnet-50/model.safetensors")  # the published names
     torch.save({"model": facebookresearch_state(published)}, f"{folder}/detr-r50.pth")
@@ -78,9 +81,11 @@ def main(folder: str) -> None:
         out = model(pixel_values=pixels, pixel_mask=pixel_mask, output_hidden_states=True)
         # Each decoder layer's output, normalized by the decoder's final LayerNorm: DETR's
         # intermediate outputs (transformers' own `auxiliary_loss=True` path instead feeds the
-        # normalized state on to the next layer, which DETR does not).
-        layers = out.decoder_hidden_states[-model.config.decoder_layers:]
-        hidden = model.model.decoder.layernorm(torch.stack(layers, dim=1))  # (B, L, Q, d)
+        # normalized state on to the next layer, which DETR does not). The last of the
+        # `decoder_hidden_states` is the final state, normalized already.
+        states = out.decoder_hidden_states[-model.config.decoder_layers:]
+        earlier = model.model.decoder.layernorm(torch.stack(states[:-1], dim=1))
+        hidden = torch.cat([earlier, states[-1][:, None]], dim=1)  # (B, L, Q, d)
         logits = model.class_labels_classifier(hidden).numpy()
         boxes = model.bbox_predictor(hidden).sigmoid().numpy()
     # The last layer's are the model's own outputs.
