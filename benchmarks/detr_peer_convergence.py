@@ -32,7 +32,8 @@ import time
 import numpy as np
 import torch
 import transformers
-from detr_step_parity import decoder_outputs
+from detr_step_parity import predictions
+from detr_step_parity import to_torch as parity_inputs
 from torch import nn
 from transformers.loss.loss_for_object_detection import ForObjectDetectionLoss
 
@@ -90,12 +91,6 @@ def build_peer(num_classes: int, seed: int) -> transformers.DetrForObjectDetecti
     return model
 
 
-def predictions(model, pixels, mask):
-    out = model(pixel_values=pixels, pixel_mask=mask, output_hidden_states=True)
-    hidden = decoder_outputs(model, out)  # (L, B, Q, d)
-    return model.class_labels_classifier(hidden), model.bbox_predictor(hidden).sigmoid()
-
-
 def set_loss(model, classes, boxes, targets):
     labels = []
     for lab, box, valid in zip(targets["labels"], targets["boxes"], targets["valid"]):
@@ -109,8 +104,7 @@ def set_loss(model, classes, boxes, targets):
 
 
 def to_torch(inputs):
-    pixels = torch.from_numpy(np.ascontiguousarray(inputs["images"].transpose(0, 3, 1, 2)))
-    return pixels, torch.from_numpy(inputs["mask"].astype("int64"))
+    return parity_inputs(inputs["images"], inputs["mask"], [])[:2]
 
 
 def main(argv=None) -> int:

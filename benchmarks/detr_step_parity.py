@@ -58,29 +58,34 @@ def build_reference(folder: str, seed: int) -> transformers.DetrForObjectDetecti
     return model
 
 
-def decoder_outputs(model, out) -> torch.Tensor:
-    """Every decoder layer's output through the decoder's final LayerNorm, ``(L, B, Q, d)``:
-    DETR's intermediate outputs. transformers' ``decoder_hidden_states`` end with the final,
-    already normalized state (``last_hidden_state``); the earlier ones are not normalized."""
+def predictions(model, pixels: torch.Tensor, pixel_mask: torch.Tensor):
+    """Class logits and sigmoid boxes of every decoder layer, ``(L, B, Q, ...)``: each layer's
+    output through the decoder's final LayerNorm, DETR's intermediate outputs.
+    transformers' ``decoder_hidden_states`` end with the final, already normalized state
+    (``last_hidden_state``); the earlier ones are not normalized."""
+    out = model(pixel_values=pixels, pixel_mask=pixel_mask, output_hidden_states=True)
     states = out.decoder_hidden_states[-model.config.decoder_layers:]
     earlier = model.model.decoder.layernorm(torch.stack(states[:-1]))
-    return torch.cat([earlier, states[-1][None]])
+    hidden = torch.cat([earlier, states[-1][None]])  # (L, B, Q, d)
+    return model.class_labels_classifier(hidden), model.bbox_predictor(hidden).sigmoid()
+
+
+def to_torch(images: np.ndarray, mask: np.ndarray, targets) -> tuple:
+    """NHWC images, a bool mask and ``[{"labels", "boxes"}]`` as transformers takes them."""
+    labels = [{"class_labels": torch.from_numpy(t["labels"]).long(),
+               "boxes": torch.from_numpy(t["boxes"])} for t in targets]
+    return (torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))),
+            torch.from_numpy(mask.astype("int64")), labels)
 
 
 def reference_step(model, images, mask, targets, lr, backbone_lr, weight_decay, clip,
                    grads_folder):
     """transformers' forward, DETR's set loss with auxiliary losses, clip, AdamW step."""
     model.train()
-    pixels = torch.from_numpy(images.transpose(0, 3, 1, 2))
-    out = model(pixel_values=pixels, pixel_mask=torch.from_numpy(mask.astype("int64")),
-                output_hidden_states=True)
-    hidden = decoder_outputs(model, out)  # (L, B, Q, d)
-    classes = model.class_labels_classifier(hidden)
-    boxes = model.bbox_predictor(hidden).sigmoid()
+    pixels, pixel_mask, labels = to_torch(images, mask, targets)
+    classes, boxes = predictions(model, pixels, pixel_mask)
     config = copy.deepcopy(model.config)
     config.auxiliary_loss = True
-    labels = [{"class_labels": torch.from_numpy(t["labels"]).long(),
-               "boxes": torch.from_numpy(t["boxes"])} for t in targets]
     loss, parts, _ = ForObjectDetectionLoss(classes[-1], labels, "cpu", boxes[-1], config,
                                             classes, boxes)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -111,14 +116,9 @@ def reference_matching(model, images, mask, targets) -> list[np.ndarray]:
                                bbox_cost=model.config.bbox_cost,
                                giou_cost=model.config.giou_cost)
     model.train()
+    pixels, pixel_mask, labels = to_torch(images, mask, targets)
     with torch.no_grad():
-        out = model(pixel_values=torch.from_numpy(images.transpose(0, 3, 1, 2)),
-                    pixel_mask=torch.from_numpy(mask.astype("int64")), output_hidden_states=True)
-        hidden = decoder_outputs(model, out)
-        classes = model.class_labels_classifier(hidden)
-        boxes = model.bbox_predictor(hidden).sigmoid()
-        labels = [{"class_labels": torch.from_numpy(t["labels"]).long(),
-                   "boxes": torch.from_numpy(t["boxes"])} for t in targets]
+        classes, boxes = predictions(model, pixels, pixel_mask)
         per_layer = []
         for layer in range(classes.shape[0]):
             pairs = matcher({"logits": classes[layer], "pred_boxes": boxes[layer]}, labels)
@@ -232,12 +232,13 @@ def main(argv=None) -> int:
                                               dropout=0.0)
             config = model.detr_config
             criterion = build_criterion(config, model.num_classes)
-            # Our own assignments of the same predictions, in the criterion's order.
-            out = model({"images": images, "mask": mask}, training=True)
-            own = [keras.ops.convert_to_numpy(criterion.matcher(
-                layer["pred_logits"], layer["pred_boxes"], y["labels"], y["boxes"], y["valid"]))
-                for layer in [out, *out["aux_outputs"]]]
-            if matching is not None:
+            own = None
+            if matching is None:  # our own assignments, in the criterion's order
+                out = model({"images": images, "mask": mask}, training=True)
+                own = [keras.ops.convert_to_numpy(criterion.matcher(
+                    layer["pred_logits"], layer["pred_boxes"], y["labels"], y["boxes"],
+                    y["valid"])) for layer in [out, *out["aux_outputs"]]]
+            else:
                 criterion.matcher = GivenMatching(matching)
             model.compile(optimizer=build_optimizer(config, model), criterion=criterion)
             logs = model.train_on_batch({"images": images, "mask": mask}, y, return_dict=True)
