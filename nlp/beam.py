@@ -18,7 +18,6 @@ from nlp.decode_steps import (
     _restrict,
     _start_tokens,
 )
-from nlp.special_ids import EOS_ID
 
 __all__ = ["beam_search", "beam_search_uncached"]
 
@@ -44,9 +43,13 @@ def _ranked(alive_seq, alive_logp, fin_seq, fin_score, max_penalty):
 
 
 def _beam(model, source, beam_size, length_penalty, max_length, extra_length, return_scores,
-          nbest, cached):
+          nbest, cached, convention="gnmt"):
     """Beam search (see `beam_search`); ``cached=False`` re-runs the decoder over each prefix."""
     _check_beam_size(beam_size)
+    if convention not in ("gnmt", "transformers"):
+        raise ValueError("`convention` must be 'gnmt' or 'transformers'. Received: "
+                         f"convention={convention!r}")
+    hf = convention == "transformers"
     source, batch, max_length, limit, first_width, memory, memory_mask = _prepare(
         model, source, max_length, extra_length
     )
@@ -58,19 +61,19 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
     else:
         memory = ops.repeat(memory, beam_size, axis=0)  # (B·K, S, d)
         cache = ()
-    vocab = model.vocab_size
-    max_penalty = _penalty(limit, length_penalty)  # (B,): the bound of each sentence
+    vocab = model.target_vocab_size
+    eos = model.eos_id
+    max_penalty = _penalty(limit, length_penalty, convention)  # (B,): the GNMT bound
     beam_limit = ops.repeat(limit, beam_size, axis=0)  # (B·K,)
     rows = ops.arange(batch, dtype="int32")[:, None] * beam_size  # (B, 1)
-    decided = beam_size - 1 if nbest else 0  # the finished hypothesis that must beat the bound
+    # The finished hypothesis that must beat the bound (transformers: the K-th).
+    decided = beam_size - 1 if nbest or hf else 0
 
     def pick(x, parent):  # x (B·K, ...); parent (B, K') beam index in [0, K)
         return ops.take(x, ops.reshape(parent + rows, (-1,)), axis=0)
 
-    def cond(width, i, alive_seq, alive_logp, fin_seq, fin_score, *cache):
-        bound = alive_logp[:, 0] / max_penalty
-        done = fin_score[:, decided] >= bound
-        return ops.logical_and(i < width, ops.logical_not(ops.all(done)))
+    def cond(width, i, alive_seq, alive_logp, fin_seq, fin_score, is_open, *cache):
+        return ops.logical_and(i < width, ops.any(is_open))
 
     def step(i, alive_seq, cache):
         """Logits ``(B·K, V)`` of the next token of every live hypothesis."""
@@ -82,10 +85,12 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
         prefix = ops.reshape(prefix, (batch * beam_size, -1))
         return model.decode(prefix, memory, memory_mask)[:, -1], ()
 
-    def body(i, alive_seq, alive_logp, fin_seq, fin_score, *cache):
+    def body(i, alive_seq, alive_logp, fin_seq, fin_score, is_open, *cache):
         n = max_length + 1
         logits, cache = step(i, alive_seq, cache)
-        logp = ops.log_softmax(_restrict(logits, i, beam_limit), axis=-1)  # (B·K, V)
+        logp = _restrict(model, logits, i, beam_limit, log_softmax_first=hf)  # (B·K, V)
+        if not hf:
+            logp = ops.log_softmax(logp, axis=-1)
         cand = alive_logp[..., None] + ops.reshape(logp, (batch, beam_size, vocab))  # (B, K, V)
         flat = ops.reshape(cand, (batch, beam_size * vocab))
 
@@ -99,26 +104,36 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
 
         # Finished: eos extensions among the top K of all extensions.
         top, _, token, seq = extend(flat)
-        is_new = (token == EOS_ID) & (top > NEG / 2)
-        new_score = ops.where(is_new, top / _penalty(i + 1, length_penalty), NEG)
+        is_new = (token == eos) & (top > NEG / 2)
+        if hf:  # a sentence found done keeps its finished hypotheses
+            is_new = is_new & is_open[:, None]
+        new_score = ops.where(is_new, top / _penalty(i + 1, length_penalty, convention), NEG)
         all_score = ops.concatenate([fin_score, new_score], axis=1)  # (B, 2K)
         all_seq = ops.concatenate([fin_seq, seq], axis=1)  # (B, 2K, N + 1)
         fin_score, keep = ops.top_k(all_score, beam_size)
         fin_seq = ops.take_along_axis(all_seq, keep[..., None], axis=1)
 
         # Live: the K best extensions that do not end in eos.
-        eos_column = ops.arange(beam_size * vocab) % vocab == EOS_ID
+        eos_column = ops.arange(beam_size * vocab) % vocab == eos
         alive_logp, parent, _, alive_seq = extend(ops.where(eos_column, NEG, flat))
         cache = tuple(pick(c, parent) for c in cache)
-        return i + 1, alive_seq, alive_logp, fin_seq, fin_score, *cache
+
+        worst = fin_score[:, decided]
+        if hf:  # transformers' early_stopping=False: the best live one at its current length
+            best = alive_logp[:, 0] / _penalty(i + 1, length_penalty, convention)
+            is_open = is_open & ((worst <= NEG / 2) | (best > worst))
+        else:  # exact: log p only falls, so log p / lp(limit) bounds every live hypothesis
+            is_open = worst < alive_logp[:, 0] / max_penalty
+        return i + 1, alive_seq, alive_logp, fin_seq, fin_score, is_open, *cache
 
     first = ops.where(ops.arange(beam_size) == 0, 0.0, NEG)  # only beam 0 is live at the start
     state = (
         ops.convert_to_tensor(0, "int32"),
-        _start_tokens(batch, max_length, beam_size),
+        _start_tokens(model, batch, max_length, beam_size),
         ops.tile(first[None, :], (batch, 1)),
-        _start_tokens(batch, max_length, beam_size),
+        _start_tokens(model, batch, max_length, beam_size),
         ops.full((batch, beam_size), NEG, "float32"),
+        ops.ones((batch,), "bool"),  # the sentences whose search goes on
         *cache,
     )
     if cached:
@@ -136,8 +151,8 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
 
 def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
                 max_length=None, extra_length: int = 50, return_scores: bool = False,
-                nbest: bool = False):
-    """Beam search with the GNMT length penalty and the KV cache (see the module docstring).
+                nbest: bool = False, convention: str = "gnmt"):
+    """Beam search with a length penalty and the KV cache (see `nlp.decoding`).
 
     Args:
         model: a ``Seq2SeqTransformer``.
@@ -166,11 +181,11 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
 
 def beam_search_uncached(model, source, beam_size: int = 4, length_penalty: float = 0.6,
                          max_length=None, extra_length: int = 50, return_scores: bool = False,
-                         nbest: bool = False):
+                         nbest: bool = False, convention: str = "gnmt"):
     """Beam search that re-runs the decoder over every hypothesis's whole prefix at each step.
 
     The reference that cached beam search must equal, and a baseline of
     ``benchmarks/nmt_decode.py``. Same arguments and result as ``beam_search``.
     """
     return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
-                 return_scores, nbest, cached=False)
+                 return_scores, nbest, cached=False, convention=convention)

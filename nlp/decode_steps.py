@@ -10,27 +10,36 @@ import functools
 
 from keras import ops
 
-from nlp.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-
 NEG = -1e9  # "minus infinity" that keeps arithmetic finite; also the score of no hypothesis
 FIRST_WIDTH_EXTRA = 8  # the cache starts min(N, S + S // 4 + FIRST_WIDTH_EXTRA) wide
 
 
-def _penalty(length, length_penalty: float):
-    """The GNMT length penalty ``((5 + length) / 6) ** length_penalty``."""
-    return ops.power((5.0 + ops.cast(length, "float32")) / 6.0, length_penalty)
+def _penalty(length, length_penalty: float, convention: str = "gnmt"):
+    """The length penalty: GNMT's ``((5 + length) / 6) ** length_penalty``, or
+    transformers' ``length ** length_penalty`` (``convention="transformers"``)."""
+    length = ops.cast(length, "float32")
+    if convention == "transformers":
+        return ops.power(length, length_penalty)
+    return ops.power((5.0 + length) / 6.0, length_penalty)
 
 
-def _restrict(logits, step, limit):
-    """Forbids pad/bos/unk everywhere, and all but eos from a row's last step on.
+def _restrict(model, logits, step, limit, log_softmax_first: bool = False):
+    """Forbids the model's ``banned_ids`` everywhere, and all but eos from a row's last step.
 
-    ``logits`` ``(R, V)``; ``limit`` ``(R,)``: each row's most tokens, eos included.
+    ``logits`` ``(R, V)``; ``limit`` ``(R,)``: each row's most tokens, eos included. With
+    ``log_softmax_first`` the logits become log-probabilities over the whole vocabulary
+    before the bans, which are not renormalized (transformers' logits processors).
     """
+    logits = ops.cast(logits, "float32")
+    if log_softmax_first:
+        logits = ops.log_softmax(logits, axis=-1)
     vocab = ops.arange(ops.shape(logits)[-1])
-    banned = (vocab == PAD_ID) | (vocab == BOS_ID) | (vocab == UNK_ID)
+    banned = ops.zeros_like(vocab, "bool")
+    for token in model.banned_ids:
+        banned = banned | (vocab == token)
     last = ops.greater_equal(step, limit - 1)[:, None]  # (R, 1)
-    banned = banned | (last & (vocab != EOS_ID))
-    return ops.where(banned, NEG, ops.cast(logits, "float32"))
+    banned = banned | (last & (vocab != model.eos_id))
+    return ops.where(banned, NEG, logits)
 
 
 def _minimum(a, b):
@@ -47,7 +56,7 @@ def _prepare(model, source, max_length, extra_length):
     source = ops.cast(source, "int32")
     batch, width = ops.shape(source)[0], ops.shape(source)[1]
     if max_length is None:
-        lengths = ops.sum(ops.cast(ops.not_equal(source, PAD_ID), "int32"), axis=1)
+        lengths = ops.sum(ops.cast(ops.not_equal(source, model.source_pad_id), "int32"), axis=1)
         limit = lengths + extra_length
         max_length = width + extra_length
     else:
@@ -57,14 +66,15 @@ def _prepare(model, source, max_length, extra_length):
     return source, batch, max_length, limit, first_width, memory, memory_mask
 
 
-def _start_tokens(batch, max_length, beam_size=None):
-    """bos then zeros: ``(B, max_length + 1)``, or ``(B, K, max_length + 1)`` for a beam."""
+def _start_tokens(model, batch, max_length, beam_size=None):
+    """The decoder start id (bos) then pads: ``(B, max_length + 1)``, or
+    ``(B, K, max_length + 1)`` for a beam."""
     if beam_size is None:
         shape = (batch, max_length + 1)
     else:
         shape = (batch, beam_size, max_length + 1)
-    tokens = ops.zeros(shape, "int32")
-    bos = ops.full((*shape[:-1], 1), BOS_ID, "int32")
+    tokens = ops.full(shape, model.pad_id, "int32")
+    bos = ops.full((*shape[:-1], 1), model.decoder_start_id, "int32")
     return ops.concatenate([bos, tokens[..., 1:]], axis=-1)
 
 

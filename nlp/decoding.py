@@ -7,7 +7,8 @@ what a translator decodes with, and ``search`` runs the search those settings as
 
 Conventions shared by both:
 
-* ``pad``, ``bos`` and ``unk`` are never generated;
+* the model's ``banned_ids`` are never generated (``pad``, ``bos`` and ``unk`` for this
+  project's models; the pad id, which is also the decoder start, for Marian models);
 * each sentence gets at most its own limit of tokens, eos included: its source length (the
   non-pad ids, eos included) + ``extra_length``, or ``max_length`` when one is given; its last
   step may only be eos. So a sentence decodes the same alone and in a batch with longer ones
@@ -29,6 +30,15 @@ stops for a sentence once no live hypothesis can beat its best finished one (``l
 falls, so ``log p / lp(limit)`` bounds it), or, for an n-best list (``nbest=True``), its
 ``K``-th best one. With ``beam_size=1`` and ``length_penalty=0`` this is exactly greedy
 search; with a beam at least as wide as the number of hypotheses it is exact.
+
+``convention="transformers"`` decodes as transformers' ``generate`` does with its defaults
+(``length_penalty=1.0``, ``early_stopping=False``), so that a converted Marian model
+translates token for token as it did there: a finished hypothesis scores ``log p / n **
+length_penalty``; the log-probabilities are normalized over the whole vocabulary before the
+banned ids are removed (transformers' logits processors do not renormalize); and a sentence
+is done, its finished hypotheses frozen, once ``K`` have finished and the best live
+hypothesis's ``log p / n ** length_penalty`` at its current length ``n`` does not beat the
+``K``-th (a heuristic: a longer live hypothesis may still have scored higher).
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from nlp.greedy import greedy_search, greedy_search_uncached
 from tfx_transformer import checks
 
 __all__ = [
+    "CONVENTIONS",
     "DecodingSettings",
     "beam_search",
     "beam_search_uncached",
@@ -50,6 +61,9 @@ __all__ = [
     "greedy_search_uncached",
     "search",
 ]
+
+
+CONVENTIONS = ("gnmt", "transformers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +75,21 @@ class DecodingSettings:
         length_penalty: GNMT exponent: score = ``log p / ((5 + len) / 6) ** length_penalty``
             (0 = plain log-probability).
         extra_length: decode at most source length + this many tokens.
+        convention: ``"gnmt"`` (the GNMT penalty and an exact stopping rule) or
+            ``"transformers"`` (transformers' ``generate``: ``log p / len ** length_penalty``
+            and its stopping heuristic; see the module docstring).
     """
 
     beam_size: int = 4
     length_penalty: float = 0.6
     extra_length: int = 50
+    convention: str = "gnmt"
 
     def __post_init__(self):
         owner = type(self).__name__
+        if self.convention not in CONVENTIONS:
+            raise ValueError(f"`{owner}.convention` must be one of {CONVENTIONS}. Received: "
+                             f"convention={self.convention!r}")
         checks.positive_int(f"{owner}.beam_size", self.beam_size)
         checks.non_negative_number(f"{owner}.length_penalty", self.length_penalty)
         checks.non_negative_int(f"{owner}.extra_length", self.extra_length)
@@ -101,11 +122,13 @@ def search(model, source, settings: DecodingSettings, max_length=None, nbest: bo
     if settings.beam_size > 1:
         return beam_search(model, source, beam_size=settings.beam_size,
                            length_penalty=settings.length_penalty, max_length=max_length,
-                           extra_length=settings.extra_length, nbest=nbest)
+                           extra_length=settings.extra_length, nbest=nbest,
+                           convention=settings.convention)
     if nbest:
         ids, scores = greedy_search(model, source, max_length=max_length,
                                     extra_length=settings.extra_length, return_scores=True,
-                                    length_penalty=settings.length_penalty)
+                                    length_penalty=settings.length_penalty,
+                                    convention=settings.convention)
         return ids[:, None], scores[:, None]
     return greedy_search(model, source, max_length=max_length,
                          extra_length=settings.extra_length)

@@ -104,12 +104,13 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
     def translate(text):
         ids = tokenizer.tokenize(text)  # ragged (N, None)
         ids = ids[:, : max_source_length - 1]
-        eos = tf.fill([tf.shape(text)[0], 1], tokenizer.eos_id)
-        source = tf.concat([ids, eos], axis=1).to_tensor(default_value=tokenizer.pad_id)
+        eos = tf.fill([tf.shape(text)[0], 1], tokenizer.source_eos_id)
+        source = tf.concat([ids, eos], axis=1).to_tensor(default_value=tokenizer.source_pad_id)
         if jit_compile:
             length = tf.shape(source)[1]
             padded = -(-length // SOURCE_LENGTH_MULTIPLE) * SOURCE_LENGTH_MULTIPLE
-            source = tf.pad(source, [[0, 0], [0, padded - length]])
+            source = tf.pad(source, [[0, 0], [0, padded - length]],
+                            constant_values=tokenizer.source_pad_id)
         if not nbest:
             return tokenizer.detokenize(run_search(source))
         ids, scores = run_search(source)  # (N, K, L), (N, K)
@@ -141,6 +142,7 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
         "beam_size": decoding.beam_size,
         "length_penalty": decoding.length_penalty,
         "extra_length": decoding.extra_length,
+        "convention": decoding.convention,
         "signatures": {SERVING: {"beam_size": decoding.beam_size},
                        GREEDY: {"beam_size": 1},
                        NBEST: {"beam_size": decoding.beam_size,
@@ -148,6 +150,7 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
         "input_key": INPUT_KEY,
         "output_key": OUTPUT_KEY,
         "vocab_size": tokenizer.vocab_size,
+        "target_vocab_size": tokenizer.target_vocab_size,
     }
 
 
@@ -176,6 +179,8 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
     def write(directory):
         archive = keras.export.ExportArchive()
         archive.track(model)
+        for table in tokenizer.tables:  # the vocabulary lookups of a Marian tokenizer
+            archive.track(table)
         text_spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
         for name, settings in ((SERVING, decoding), (GREEDY, decoding.greedy())):
             translate = make_translate_fn(model, tokenizer, settings, jit_compile=jit_compile)

@@ -15,13 +15,13 @@ from nlp.decode_steps import (
     _restrict,
     _start_tokens,
 )
-from nlp.special_ids import EOS_ID, PAD_ID
 
 __all__ = ["greedy_search", "greedy_search_uncached"]
 
 
 def greedy_search(model, source, max_length=None, extra_length: int = 50,
-                  return_scores: bool = False, length_penalty: float = 0.0):
+                  return_scores: bool = False, length_penalty: float = 0.0,
+                  convention: str = "gnmt"):
     """Greedy decoding with the KV cache.
 
     Args:
@@ -34,6 +34,9 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
             (of the tokens allowed at each step, as beam search scores them) divided by the
             GNMT length penalty.
         length_penalty: the exponent of that penalty (the search itself ignores it).
+        convention: how the score is made (`nlp.decoding.DecodingSettings`): ``"gnmt"``, or
+            ``"transformers"`` (log-probabilities over the whole vocabulary, length **
+            ``length_penalty``).
 
     Returns:
         ``(B, N)`` int32 ids, ``N = max_length`` or ``S + extra_length`` (and the scores
@@ -51,22 +54,24 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
     def body(i, tokens, logp, finished, *caches):
         current = ops.slice(tokens, [0, i], [batch, 1])  # (B, 1)
         logits, caches = _decode_step(model, current, i, caches, cross, memory_mask)
-        logits = _restrict(logits, i, limit)
+        logits = _restrict(model, logits, i, limit, convention == "transformers")
         nxt = ops.cast(ops.argmax(logits, axis=-1), "int32")
         if return_scores:
-            chosen = ops.take_along_axis(ops.log_softmax(logits, axis=-1), nxt[:, None], axis=1)
+            step_logp = logits if convention == "transformers" else ops.log_softmax(logits,
+                                                                                   axis=-1)
+            chosen = ops.take_along_axis(step_logp, nxt[:, None], axis=1)
             logp = logp + ops.where(finished, 0.0, chosen[:, 0])
-        nxt = ops.where(finished, PAD_ID, nxt)
+        nxt = ops.where(finished, model.pad_id, nxt)
         tokens = ops.slice_update(tokens, [0, i + 1], nxt[:, None])
-        return i + 1, tokens, logp, finished | (nxt == EOS_ID), *caches
+        return i + 1, tokens, logp, finished | (nxt == model.eos_id), *caches
 
-    state = (ops.convert_to_tensor(0, "int32"), _start_tokens(batch, max_length),
+    state = (ops.convert_to_tensor(0, "int32"), _start_tokens(model, batch, max_length),
              ops.zeros((batch,), "float32"), ops.zeros((batch,), "bool"), *caches)
     _, tokens, logp = _cached_loop(cond, body, state, len(caches), first_width, max_length)[:3]
     tokens = tokens[:, 1:]
     if return_scores:
-        length = ops.sum(ops.cast(ops.not_equal(tokens, PAD_ID), "int32"), axis=1)
-        return tokens, logp / _penalty(length, length_penalty)
+        length = ops.sum(ops.cast(ops.not_equal(tokens, model.pad_id), "int32"), axis=1)
+        return tokens, logp / _penalty(length, length_penalty, convention)
     return tokens
 
 
@@ -86,12 +91,12 @@ def greedy_search_uncached(model, source, max_length=None, extra_length: int = 5
     def body(i, tokens, finished):
         prefix = ops.slice(tokens, [0, 0], [batch, i + 1])  # (B, i + 1)
         logits = model.decode(prefix, memory, memory_mask)[:, -1]
-        nxt = ops.cast(ops.argmax(_restrict(logits, i, limit), axis=-1), "int32")
-        nxt = ops.where(finished, PAD_ID, nxt)
+        nxt = ops.cast(ops.argmax(_restrict(model, logits, i, limit), axis=-1), "int32")
+        nxt = ops.where(finished, model.pad_id, nxt)
         tokens = ops.slice_update(tokens, [0, i + 1], nxt[:, None])
-        return i + 1, tokens, finished | (nxt == EOS_ID)
+        return i + 1, tokens, finished | (nxt == model.eos_id)
 
-    state = (ops.convert_to_tensor(0, "int32"), _start_tokens(batch, max_length),
+    state = (ops.convert_to_tensor(0, "int32"), _start_tokens(model, batch, max_length),
              ops.zeros((batch,), "bool"))
     _, tokens, _ = ops.while_loop(cond, body, state)
     return tokens[:, 1:]

@@ -9,7 +9,7 @@ from keras import ops
 
 import tfx_transformer as tt
 from nlp.config import NMTConfig
-from nlp.special_ids import PAD_ID
+from nlp.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from tfx_transformer.training.distribute import OptimizerBuiltFirst
 
 __all__ = ["Seq2SeqTransformer", "build_model"]
@@ -20,7 +20,12 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
     """Token embedding · √d + sinusoidal positions + dropout → encoder → causal decoder → logits.
 
     With ``tie_embeddings`` one matrix embeds source and target tokens and, transposed,
-    projects decoder states to logits. Pad id 0 marks padding in ``source``.
+    projects decoder states to logits. ``pad_id`` marks padding in ``source``.
+
+    The defaults are this project's models; the other settings describe converted models such
+    as OPUS-MT's Marian ones (`nlp.marian`): their FFN activation, LayerNorm epsilon and
+    position layout, separate source and target vocabularies with the output tied to the
+    target embedding, a logits bias, and their special ids.
 
     Args:
         vocab_size: shared vocabulary size ``V``.
@@ -32,7 +37,26 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         activation_dropout: dropout after the FFN activation.
         max_positions: longest sequence the position encoding accepts.
         norm_first: pre-norm instead of the paper's post-norm.
-        tie_embeddings: share the embedding matrix with the output projection.
+        tie_embeddings: one embedding matrix for source, target and output projection
+            (needs ``target_vocab_size == vocab_size``).
+        target_vocab_size: target vocabulary size (None: ``vocab_size``); a different one
+            needs ``tie_embeddings=False``.
+        attention_dropout: dropout on attention weights (None: ``dropout``).
+        activation: FFN activation.
+        layer_norm_epsilon: every LayerNorm's epsilon.
+        position_layout: ``"interleaved"`` (the paper's sines and cosines) or ``"concat"``
+            (sines then cosines), `tfx_transformer.SinusoidalPositionEncoding`.
+        scale_embedding: multiply token embeddings by √d.
+        tie_output: without ``tie_embeddings``: project with the target embedding
+            (transposed) instead of an own ``Dense`` layer.
+        output_bias: add a fixed (non-trainable) bias ``(V_target,)`` to the tied
+            projection's logits (Marian's ``final_logits_bias``).
+        pad_id: the padding id of targets (and of sources, unless ``source_pad_id``).
+        source_pad_id: the padding id of sources, with separate vocabularies (None:
+            ``pad_id``).
+        decoder_start_id: the first decoder input of every translation (bos; Marian: pad).
+        eos_id: the end of a sentence.
+        banned_ids: ids never generated.
         **kwargs: base model arguments.
 
     Call arguments:
@@ -57,11 +81,45 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         max_positions: int = 2048,
         norm_first: bool = False,
         tie_embeddings: bool = True,
+        target_vocab_size: int | None = None,
+        attention_dropout: float | None = None,
+        activation: str = "relu",
+        layer_norm_epsilon: float = 1e-5,
+        position_layout: str = "interleaved",
+        scale_embedding: bool = True,
+        tie_output: bool = False,
+        output_bias: bool = False,
+        pad_id: int = PAD_ID,
+        decoder_start_id: int = BOS_ID,
+        eos_id: int = EOS_ID,
+        banned_ids: tuple[int, ...] | list[int] = (PAD_ID, BOS_ID, UNK_ID),
+        source_pad_id: int | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         if not isinstance(vocab_size, int) or vocab_size < 5:
             raise ValueError(f"`vocab_size` must be an integer >= 5. Received: {vocab_size!r}")
+        if target_vocab_size is None:
+            target_vocab_size = vocab_size
+        if not isinstance(target_vocab_size, int) or target_vocab_size < 3:
+            raise ValueError("`target_vocab_size` must be an integer >= 3. Received: "
+                             f"{target_vocab_size!r}")
+        if tie_embeddings and target_vocab_size != vocab_size:
+            raise ValueError(
+                "`tie_embeddings` needs one vocabulary. Received: "
+                f"vocab_size={vocab_size}, target_vocab_size={target_vocab_size}")
+        for name, value in (("pad_id", pad_id), ("decoder_start_id", decoder_start_id),
+                            ("eos_id", eos_id), *(("banned_ids", i) for i in banned_ids)):
+            if isinstance(value, bool) or not isinstance(value, int) \
+                    or not 0 <= value < target_vocab_size:
+                raise ValueError(f"`{name}` must be ids of the target vocabulary (< "
+                                 f"{target_vocab_size}). Received: {name}={value!r}")
+        if source_pad_id is not None and not (
+                isinstance(source_pad_id, int) and 0 <= source_pad_id < vocab_size):
+            raise ValueError(f"`source_pad_id` must be an id of the source vocabulary (< "
+                             f"{vocab_size}). Received: source_pad_id={source_pad_id!r}")
+        if eos_id in banned_ids:
+            raise ValueError(f"`banned_ids` must not hold `eos_id`. Received: {banned_ids!r}")
         self.vocab_size = vocab_size
         self.num_encoder_layers = num_encoder_layers
         self.num_decoder_layers = num_decoder_layers
@@ -73,6 +131,19 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         self.max_positions = max_positions
         self.norm_first = norm_first
         self.tie_embeddings = tie_embeddings
+        self.target_vocab_size = target_vocab_size
+        self.attention_dropout = attention_dropout
+        self.activation = activation
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.position_layout = position_layout
+        self.scale_embedding = scale_embedding
+        self.tie_output = tie_output
+        self.output_bias = output_bias
+        self.pad_id = pad_id
+        self.decoder_start_id = decoder_start_id
+        self.eos_id = eos_id
+        self.banned_ids = tuple(int(i) for i in banned_ids)
+        self.source_pad_id = pad_id if source_pad_id is None else source_pad_id
 
         policy = self.dtype_policy
         init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
@@ -80,19 +151,22 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
             vocab_size, d_model, embeddings_initializer=init, dtype=policy, name="embedding"
         )
         self.target_embedding = None if tie_embeddings else keras.layers.Embedding(
-            vocab_size, d_model, embeddings_initializer=init, dtype=policy,
+            target_vocab_size, d_model, embeddings_initializer=init, dtype=policy,
             name="target_embedding",
         )
-        self.positions = tt.SinusoidalPositionEncoding(max_positions, dtype=policy)
+        self.positions = tt.SinusoidalPositionEncoding(max_positions, layout=position_layout,
+                                                       dtype=policy)
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy)
         stack = dict(num_heads=num_heads, hidden_dim=ffn_dim, dropout=dropout,
-                     activation_dropout=activation_dropout, norm_first=norm_first,
-                     dtype=policy)
+                     attention_dropout=attention_dropout, activation_dropout=activation_dropout,
+                     activation=activation, norm_first=norm_first,
+                     layer_norm_epsilon=layer_norm_epsilon, dtype=policy)
         self.encoder = tt.TransformerEncoder(num_encoder_layers, name="encoder", **stack)
         self.decoder = tt.TransformerDecoder(num_decoder_layers, name="decoder", **stack)
-        self.output_projection = None if tie_embeddings else keras.layers.Dense(
-            vocab_size, dtype=policy, name="output_projection"
+        self.output_projection = None if tie_embeddings or tie_output else keras.layers.Dense(
+            target_vocab_size, dtype=policy, name="output_projection"
         )
+        self.logits_bias = None
         self.build()
 
     def build(self, input_shape=None):
@@ -106,12 +180,18 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         self.decoder.build((None, None, d), (None, None, d))
         if self.output_projection is not None:
             self.output_projection.build((None, None, d))
+        elif self.output_bias:
+            self.logits_bias = self.add_weight(shape=(self.target_vocab_size,),
+                                               initializer="zeros", trainable=False,
+                                               name="logits_bias")
         self.built = True
 
     # Building blocks, also used step by step by nlp.decoding and nlp.plots.
 
     def _embed(self, layer, ids, start_index=0, training=None):
-        x = layer(ids) * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
+        x = layer(ids)
+        if self.scale_embedding:
+            x = x * ops.cast(math.sqrt(self.d_model), self.compute_dtype)
         x = x + self.positions(x, start_index=start_index)
         return self.embedding_dropout(x, training=training)
 
@@ -122,7 +202,7 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
 
     def encode(self, source, training=None):
         """Encodes ``source`` ``(B, S)``: ``memory`` ``(B, S, d)`` and its mask ``(B, S)``."""
-        mask = tt.padding_mask(source, PAD_ID)
+        mask = tt.padding_mask(source, self.source_pad_id)
         x = self._embed(self.embedding, source, training=training)
         return self.encoder(x, padding_mask=mask, training=training), mask
 
@@ -130,8 +210,12 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         """Decoder states ``(..., d)`` → float32 logits ``(..., V)``."""
         if self.output_projection is not None:
             return ops.cast(self.output_projection(h), "float32")
-        table = ops.cast(self.embedding.embeddings, h.dtype)
-        return ops.cast(ops.matmul(h, ops.transpose(table)), "float32")
+        layer = self.target_embedding if self.tie_output else self.embedding
+        table = ops.cast(layer.embeddings, h.dtype)
+        logits = ops.cast(ops.matmul(h, ops.transpose(table)), "float32")
+        if self.logits_bias is not None:
+            logits = logits + ops.cast(self.logits_bias, "float32")
+        return logits
 
     def decode(self, target_in, memory, memory_mask, training=None):
         """Full-sequence (teacher-forced) decoding: logits ``(B, T, V)``."""
@@ -188,6 +272,19 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
             max_positions=self.max_positions,
             norm_first=self.norm_first,
             tie_embeddings=self.tie_embeddings,
+            target_vocab_size=self.target_vocab_size,
+            attention_dropout=self.attention_dropout,
+            activation=self.activation,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            position_layout=self.position_layout,
+            scale_embedding=self.scale_embedding,
+            tie_output=self.tie_output,
+            output_bias=self.output_bias,
+            pad_id=self.pad_id,
+            decoder_start_id=self.decoder_start_id,
+            eos_id=self.eos_id,
+            banned_ids=list(self.banned_ids),
+            source_pad_id=None if self.source_pad_id == self.pad_id else self.source_pad_id,
         )
         return config
 

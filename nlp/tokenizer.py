@@ -25,7 +25,9 @@ import tensorflow_text as tf_text
 
 from nlp.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
-__all__ = ["Tokenizer"]
+__all__ = ["TOKENIZER_FILE", "Tokenizer", "load_tokenizer"]
+
+TOKENIZER_FILE = "tokenizer.model"  # a trained run's tokenizer, in its work directory
 
 
 class Tokenizer(tf.Module):
@@ -111,8 +113,32 @@ class Tokenizer(tf.Module):
         return self._processor.get_piece_size()
 
     @property
+    def target_vocab_size(self) -> int:
+        """The same as ``vocab_size``: one vocabulary for both sides."""
+        return self.vocab_size
+
+    @property
+    def tables(self) -> tuple:
+        """The lookup tables an export must track: none."""
+        return ()
+
+    def save(self, directory: str | os.PathLike) -> list[str]:
+        """Writes ``tokenizer.model`` into ``directory``; returns its name."""
+        with open(os.path.join(os.fspath(directory), TOKENIZER_FILE), "wb") as f:
+            f.write(self._model_proto)
+        return [TOKENIZER_FILE]
+
+    @property
     def pad_id(self) -> int:
         return PAD_ID
+
+    @property
+    def source_pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def source_eos_id(self) -> int:
+        return EOS_ID
 
     @property
     def unk_id(self) -> int:
@@ -137,6 +163,10 @@ class Tokenizer(tf.Module):
         """
         return self._sentencepiece().tokenize(texts)
 
+    def tokenize_target(self, texts: tf.Tensor) -> tf.RaggedTensor | tf.Tensor:
+        """`tokenize`: sources and targets share the vocabulary."""
+        return self.tokenize(texts)
+
     def detokenize(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
         """Turns ids back into strings in the graph; pad, bos and eos ids are dropped.
 
@@ -152,6 +182,10 @@ class Tokenizer(tf.Module):
         """Tokenizes one Python string into ids (no bos/eos added)."""
         return self._processor.encode(text)
 
+    def encode_target(self, text: str) -> list[int]:
+        """`encode`: sources and targets share the vocabulary."""
+        return self.encode(text)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Turns ids into a Python string; pad, bos and eos ids are dropped."""
         return self._processor.decode([int(i) for i in ids])
@@ -159,3 +193,23 @@ class Tokenizer(tf.Module):
     def id_to_piece(self, token_id: int) -> str:
         """The vocabulary piece of an id (for attention plots)."""
         return self._processor.id_to_piece(int(token_id))
+
+
+def load_tokenizer(directory: str | os.PathLike):
+    """The tokenizer of a model directory: ``tokenizer.model`` (`Tokenizer`), or an OPUS-MT
+    folder's ``source.spm``, ``target.spm`` and ``vocab.json``
+    (`nlp.marian_tokenizer.MarianTokenizer`).
+
+    Raises:
+        ValueError: ``directory`` holds neither; the message names what is missing.
+    """
+    from nlp.marian_tokenizer import MARIAN_FILES, MarianTokenizer
+
+    directory = os.fspath(directory)
+    path = os.path.join(directory, TOKENIZER_FILE)
+    if os.path.isfile(path):
+        return Tokenizer.from_file(path)
+    if any(os.path.exists(os.path.join(directory, name)) for name in MARIAN_FILES):
+        return MarianTokenizer.from_directory(directory)
+    raise ValueError(f"{directory} has no tokenizer: neither {TOKENIZER_FILE} nor "
+                     f"{', '.join(MARIAN_FILES)}")

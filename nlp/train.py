@@ -142,7 +142,7 @@ def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_
     sizes = [max(1, batch_tokens // (bound - 1)) for bound in boundaries]
     per_bucket: collections.Counter = collections.Counter()
     for source, target in pairs:
-        length = 1 + max(len(tokenizer.encode(source)), len(tokenizer.encode(target)))
+        length = 1 + max(len(tokenizer.encode(source)), len(tokenizer.encode_target(target)))
         if length <= max_length:
             per_bucket[bisect.bisect_right(boundaries, length)] += 1
     kept = sum(per_bucket.values())
@@ -168,8 +168,8 @@ def compile_model(model, config: NMTConfig, jit_compile: bool = True,
     model.compile(
         optimizer=GlobalClipAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
                                  global_clipnorm=config.clip_norm),
-        loss=MaskedLabelSmoothedCrossEntropy(config.label_smoothing),
-        metrics=[MaskedAccuracy()],
+        loss=MaskedLabelSmoothedCrossEntropy(config.label_smoothing, pad_id=model.pad_id),
+        metrics=[MaskedAccuracy(pad_id=model.pad_id)],
         jit_compile=jit_compile,
     )
     return schedule

@@ -94,18 +94,19 @@ def make_batches(
     checks.positive_int("shuffle_buffer", shuffle_buffer)
     checks.positive_int("num_replicas", num_replicas)
     stats = BatchStats()
-    bos, eos = tokenizer.bos_id, tokenizer.eos_id
+    bos, eos, source_eos = tokenizer.bos_id, tokenizer.eos_id, tokenizer.source_eos_id
     pad = tf.constant(tokenizer.pad_id, tf.int32)
+    source_pad = tf.constant(tokenizer.source_pad_id, tf.int32)
 
     def tokenize(sources, targets):
         # sources, targets: (N,) strings -> ragged (N, None) int32 ids.
         source_ids = tokenizer.tokenize(sources)
-        target_ids = tokenizer.tokenize(targets)
+        target_ids = tokenizer.tokenize_target(targets)
         n = tf.shape(sources)[0]
         eos_column = tf.fill([n, 1], tf.constant(eos, tf.int32))
         bos_column = tf.fill([n, 1], tf.constant(bos, tf.int32))
         return (
-            tf.concat([source_ids, eos_column], axis=1),
+            tf.concat([source_ids, tf.fill([n, 1], tf.constant(source_eos, tf.int32))], axis=1),
             tf.concat([bos_column, target_ids], axis=1),
             tf.concat([target_ids, eos_column], axis=1),
         )
@@ -137,17 +138,19 @@ def make_batches(
         element_length_func=lambda s, t_in, t_out: tf.maximum(tf.size(s), tf.size(t_in)),
         bucket_boundaries=boundaries,
         bucket_batch_sizes=batch_sizes,
-        padding_values=(pad, pad, pad),
+        padding_values=(source_pad, pad, pad),
         pad_to_bucket_boundary=pad_to_bucket_boundary,
     )
     if num_replicas > 1:
-        ds = ds.map(lambda *ids: _pad_rows(ids, num_replicas, pad))
+        ds = ds.map(lambda *ids: _pad_rows(ids, num_replicas, (source_pad, pad, pad)))
     ds = ds.map(lambda s, t_in, t_out: ({"source": s, "target_in": t_in}, t_out))
     return ds.prefetch(tf.data.AUTOTUNE), stats
 
 
-def _pad_rows(batches, multiple: int, pad):
-    """Appends all-``pad`` rows to each ``(B, L)`` tensor, up to a multiple of ``multiple``."""
+def _pad_rows(batches, multiple: int, pads):
+    """Appends all-pad rows to each ``(B, L)`` tensor (its own of ``pads``), up to a multiple
+    of ``multiple``."""
     rows = tf.shape(batches[0])[0]
     extra = (-rows) % multiple
-    return tuple(tf.pad(x, [[0, extra], [0, 0]], constant_values=pad) for x in batches)
+    return tuple(tf.pad(x, [[0, extra], [0, 0]], constant_values=pad)
+                 for x, pad in zip(batches, pads))

@@ -8,15 +8,47 @@ padded batch of two images of different sizes (``images`` NHWC, ``mask``) and ev
 layer's ``logits`` ``(B, L, Q, 92)`` and ``boxes`` ``(B, L, Q, 4)``. The frozen BatchNorm
 statistics and the LayerNorm weights are randomized, so that their conversion matters. Used by
 test_reference_checkpoints.py in a process of its own (no TensorFlow).
+
+The backbone is transformers' own ResNet-50 (``use_timm_backbone=False``), not timm's: timm
+needs torchvision, and no CPU build of torchvision installs from PyPI beside a CPU torch. Both
+are torchvision's ResNet-50 v1.5 (the stride in each bottleneck's 3x3 convolution); its weights
+are saved under timm's names (`timm_name`), those of ``facebook/detr-resnet-50``'s
+``model.safetensors``, so that the files hold the published layouts. A wrong renaming gives
+other logits, or unloadable files: the parity test fails.
 """
 
 import json
+import re
 import sys
 
 import numpy as np
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
+
+BACKBONE = "model.backbone.conv_encoder.model."  # the backbone's prefix in saved checkpoints
+
+
+def timm_name(name: str) -> str:
+    """A saved transformers-ResNet backbone name -> timm's (torchvision's), the published one:
+    ``embedder.embedder.convolution`` -> ``conv1``, ``encoder.stages.S.layers.B.layer.I.
+    normalization`` -> ``layer{S+1}.B.bn{I+1}``, ``...shortcut.convolution`` -> ``downsample.0``."""
+    if not name.startswith(BACKBONE):
+        return name
+    inner = name[len(BACKBONE):]
+    if stem := re.fullmatch(r"embedder\.embedder\.(convolution|normalization)\.(\w+)", inner):
+        kind, tensor = stem.groups()
+        return f"{BACKBONE}{'conv1' if kind == 'convolution' else 'bn1'}.{tensor}"
+    block = re.fullmatch(r"encoder\.stages\.(\d)\.layers\.(\d+)\.(shortcut|layer\.(\d))\."
+                         r"(convolution|normalization)\.(\w+)", inner)
+    if block is None:
+        raise ValueError(f"no timm name for {name!r}")
+    stage, index, part, conv, kind, tensor = block.groups()
+    if part == "shortcut":
+        part = "downsample." + ("0" if kind == "convolution" else "1")
+    else:
+        part = ("conv" if kind == "convolution" else "bn") + str(int(conv) + 1)
+    return f"{BACKBONE}layer{int(stage) + 1}.{index}.{part}.{tensor}"
 
 
 def detr_name(name: str) -> str:
@@ -52,7 +84,10 @@ def main(folder: str) -> None:
     torch.manual_seed(0)
     with open(f"{folder}/id2label.json", encoding="utf-8") as f:  # facebook/detr-resnet-50's
         id2label = {int(k): v for k, v in json.load(f).items()}
-    config = transformers.DetrConfig(use_pretrained_backbone=False, id2label=id2label,
+    resnet50 = transformers.ResNetConfig(depths=[3, 4, 6, 3], layer_type="bottleneck",
+                                         downsample_in_bottleneck=False, out_features=["stage4"])
+    config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=resnet50,
+                                     use_pretrained_backbone=False, id2label=id2label,
                                      label2id={v: k for k, v in id2label.items()})
     model = transformers.DetrForObjectDetection(config).eval()
     with torch.no_grad():
@@ -66,7 +101,16 @@ def main(folder: str) -> None:
                 module.weight.uniform_(0.5, 1.5)
                 module.bias.normal_(0.0, 0.1)
     model.save_pretrained(f"{folder}/detr-resnet-50")
-    published = load_file(f"{folder}/detr-resnet-50/model.safetensors")  # the published names
+    saved = load_file(f"{folder}/detr-resnet-50/model.safetensors")
+    published = {timm_name(name): value for name, value in saved.items()}
+    assert len(published) == len(saved), "two weights renamed alike"
+    save_file(published, f"{folder}/detr-resnet-50/model.safetensors", metadata={"format": "pt"})
+    with open(f"{folder}/detr-resnet-50/config.json", encoding="utf-8") as f:
+        info = json.load(f)
+    del info["backbone_config"]  # the published config.json's: timm's ResNet-50
+    info.update(use_timm_backbone=True, backbone="resnet50", use_pretrained_backbone=False)
+    with open(f"{folder}/detr-resnet-50/config.json", "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2)
     torch.save({"model": facebookresearch_state(published)}, f"{folder}/detr-r50.pth")
 
     rng = np.random.default_rng(0)

@@ -1,0 +1,347 @@
+"""transformers' MarianMTModel (OPUS-MT layout) of random weights, saved as the Hub serves it, and its outputs.
+
+DOCSTRING_FACTS
+"""
+
+import argparse
+import io
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import sentencepiece
+import torch
+import transformers
+
+SEED = 0
+SPM_PIECES = 320  # each SentencePiece model's size
+LEFT_OUT = 5  # pieces of each spm model that vocab.json leaves out on purpose
+LANGUAGE_CODES = (">>fra<<", ">>deu<<")  # in the shared vocab.json only, as multilingual OPUS-MT's
+EOS_BIAS = 2.5  # added to final_logits_bias[eos]: beams end at varied lengths
+PAD_BIAS = 2.0  # added to final_logits_bias[pad]: banning pad without renormalizing would show
+M = 20  # max_new_tokens of the batch generations
+EXTRA = 10  # generate_single: max_new_tokens = source length (with eos) + EXTRA
+
+EN_WORDS = (
+    "the a an this that my your our house car tree river city night day time year people man woman "
+    "child friend teacher doctor student book letter table window door water bread coffee music game "
+    "garden street station train school office market price is are was were be have has had do does "
+    "did will would can could should may must go goes went see saw make made take took give gave find "
+    "found think know want need open close read write send call come leave stay work play buy sell pay "
+    "help new old good bad big small long short red green blue black white happy quiet early late and "
+    "or but because if when while before after with without from into over under very not never "
+    "always often today tomorrow yesterday here there now again please thanks file files user users "
+    "error message page button settings download upload"
+).split()
+DE_WORDS = (
+    "der die das ein eine dieser mein dein unser Haus Auto Baum Fluss Stadt Nacht Tag Zeit Jahr Leute "
+    "Mann Frau Kind Freund Lehrer Arzt Student Buch Brief Tisch Fenster Tür Wasser Brot Kaffee Musik "
+    "Spiel Garten Straße Bahnhof Zug Schule Büro Markt Preis ist sind war waren sein haben hat hatte "
+    "macht machte wird würde kann könnte soll muss geht ging sieht sah nimmt nahm gibt gab findet fand "
+    "denkt weiß will braucht öffnen schließen lesen schreiben schicken rufen kommen bleiben arbeiten "
+    "spielen kaufen verkaufen zahlen helfen neu alt gut schlecht groß klein lang kurz rot grün blau "
+    "schwarz glücklich ruhig früh spät und oder aber weil wenn während vor nach mit ohne von in über "
+    "unter sehr nicht nie immer oft heute morgen gestern hier dort jetzt wieder bitte danke Größe Übung "
+    "Äpfel Datei Dateien Benutzer Fehler Nachricht Seite Einstellungen herunterladen hochladen"
+).split()
+ACCENTED = {"en": ["café", "naïve", "résumé", "façade", "jalapeño", "Zürich", "São", "Ångström"],
+            "de": ["Café", "Müller", "Köln", "Zürich", "Crème", "Señor", "Ørsted", "Łódź"]}
+FOREIGN = ["привет", "мир", "спасибо", "καλημέρα", "κόσμε", "東京", "日本語", "北京", "مرحبا", "🙂", "👍"]
+PLACEHOLDERS = ["%s", "%d", "{name}", "{0}", "%(count)d", "%(name)s", "{{user}}", "$1", "%1$s"]
+TAGS = [("<b>", "</b>"), ("<i>", "</i>"), ('<a href="x">', "</a>"), ("<br/>", "")]
+QUOTES = {"en": ('"', '"'), "de": ("„", "“")}
+ASCII_LINE = "0 1 2 3 4 5 6 7 8 9 . , ; : ! ? ' \" ( ) [ ] { } < > / \\ - _ + = * & % $ # @ ~ ^ |"
+
+SENTENCES = [  # the parity batch: clearly different lengths
+    "Hi!",
+    "Thank you very much.",
+    "The old house is near the river.",
+    "Please send %s to {name} before 10:30 tomorrow.",
+    "<b>Warning:</b> %(count)d files could not be opened (see the log).",
+    "My friend bought 3 books for 42.50 at the market, but the price was too high!",
+    "Привет! The café in Zürich opens at 7 and closes late; is that true?",
+    "Yesterday the teacher and her students took the early train to the city, because the school "
+    "was closed and they wanted to see the new garden near the station.",
+]
+
+
+def number(rng) -> str:
+    forms = ["{}", "{}.{:02d}", "{},{:03d}", "{}%", "{}:{:02d}", "19{:02d}", "20{:02d}"]
+    form = forms[rng.integers(len(forms))]
+    return form.format(*(int(x) for x in rng.integers(0, 100, form.count("{"))))
+
+
+def sentence(rng, lang: str) -> str:
+    """One line of English- or German-like text with digits, placeholders, tags and other scripts."""
+    vocab = EN_WORDS if lang == "en" else DE_WORDS
+    words = []
+    for _ in range(int(rng.integers(2, 16))):
+        u = rng.random()
+        if u < 0.06:
+            words.append(number(rng))
+        elif u < 0.10:
+            words.append(PLACEHOLDERS[rng.integers(len(PLACEHOLDERS))])
+        elif u < 0.13:
+            words.append(ACCENTED[lang][rng.integers(len(ACCENTED[lang]))])
+        elif u < 0.145:
+            words.append(FOREIGN[rng.integers(len(FOREIGN))])
+        else:
+            words.append(vocab[rng.integers(len(vocab))])
+    words[0] = words[0][:1].upper() + words[0][1:]
+    if rng.random() < 0.3 and len(words) > 3:
+        words[int(rng.integers(1, len(words) - 1))] += ","
+    if rng.random() < 0.12:
+        i = int(rng.integers(len(words)))
+        start, end = TAGS[rng.integers(len(TAGS))]
+        words[i] = start + words[i] + end
+    if rng.random() < 0.1:
+        i = int(rng.integers(len(words)))
+        words[i] = QUOTES[lang][0] + words[i] + QUOTES[lang][1]
+    if rng.random() < 0.05:
+        words[-1] = "(" + words[-1] + ")"
+    return " ".join(words) + [".", ".", ".", "!", "?", "...", ":", ""][rng.integers(8)]
+
+
+def corpus(rng, lang: str, n: int = 400) -> list:
+    return [sentence(rng, lang) for _ in range(n)] + [ASCII_LINE] * 5
+
+
+def train_spm(lines: list, path: str) -> sentencepiece.SentencePieceProcessor:
+    """A unigram model with SentencePiece's default ids (unk 0, <s> 1, </s> 2, no pad), as OPUS-MT's."""
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type="unigram",
+        vocab_size=SPM_PIECES, character_coverage=0.995, num_threads=1)
+    with open(path, "wb") as f:
+        f.write(model.getvalue())
+    return sentencepiece.SentencePieceProcessor(model_file=path)
+
+
+def pieces(spm, rng) -> list:
+    """The spm model's pieces but its own <unk>/<s>/</s> and LEFT_OUT others, in a shuffled order."""
+    kept = [spm.id_to_piece(i) for i in range(spm.get_piece_size())
+            if not (spm.is_unknown(i) or spm.is_control(i))]
+    left_out = set(rng.choice(kept[10:150], LEFT_OUT, replace=False))  # frequent enough to show up
+    return [kept[i] for i in rng.permutation(len(kept)) if kept[i] not in left_out], left_out
+
+
+def opus_vocab(middle: list) -> dict:
+    """OPUS-MT's vocab.json: "</s>" 0, "<unk>" 1, the pieces, "<pad>" last."""
+    vocab = {"</s>": 0, "<unk>": 1}
+    for piece in middle:
+        vocab.setdefault(piece, len(vocab))
+    vocab["<pad>"] = len(vocab)
+    return vocab
+
+
+def write_json(path: str, content) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(content, f, ensure_ascii=False, indent=2)
+
+
+def write_tokenizer(folder: str, shared: bool, rng) -> tuple:
+    """source.spm, target.spm, vocab.json (+ target_vocab.json), tokenizer_config.json."""
+    source = train_spm(corpus(rng, "en"), f"{folder}/source.spm")
+    target = train_spm(corpus(rng, "de"), f"{folder}/target.spm")
+    source_pieces, source_out = pieces(source, rng)
+    target_pieces, target_out = pieces(target, rng)
+    if shared:
+        seen = set(source_pieces)
+        union = source_pieces + [p for p in target_pieces if p not in seen]
+        middle = [p for p in union if p not in source_out | target_out] + list(LANGUAGE_CODES)
+        source_vocab = target_vocab = opus_vocab(middle)
+    else:
+        source_vocab, target_vocab = opus_vocab(source_pieces), opus_vocab(target_pieces)
+        write_json(f"{folder}/target_vocab.json", target_vocab)
+    write_json(f"{folder}/vocab.json", source_vocab)
+    write_json(f"{folder}/tokenizer_config.json", {
+        "source_lang": "en", "target_lang": "de", "separate_vocabs": not shared,
+        "model_max_length": 512})
+    write_json(f"{folder}/special_tokens_map.json",
+               {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
+    return source_vocab, target_vocab
+
+
+def marian_config(shared: bool, vocab_size: int, decoder_vocab_size: int):
+    """Helsinki-NLP/opus-mt-en-de's config.json, shrunk (d_model 32, ffn 64)."""
+    pad = vocab_size - 1  # OPUS-MT: one pad id, both vocabs have the same size
+    if shared:
+        layout = dict(encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                      decoder_attention_heads=8, activation_function="swish")
+    else:
+        layout = dict(encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                      decoder_attention_heads=4, activation_function="relu")
+    return transformers.MarianConfig(
+        vocab_size=vocab_size, decoder_vocab_size=decoder_vocab_size, d_model=32,
+        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=512, scale_embedding=True,
+        share_encoder_decoder_embeddings=shared, tie_word_embeddings=True, pad_token_id=pad,
+        decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0, bos_token_id=0,
+        dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, init_std=0.02,
+        static_position_embeddings=True, normalize_embedding=False, normalize_before=False,
+        add_final_layer_norm=False, add_bias_logits=False, architectures=["MarianMTModel"],
+        **layout)
+
+
+def generation_config(pad: int) -> dict:
+    """Helsinki-NLP/opus-mt-*'s generation_config.json (renormalize_logits added in 2023, PR #25459)."""
+    return {"bad_words_ids": [[pad]], "bos_token_id": 0, "decoder_start_token_id": pad,
+            "eos_token_id": 0, "forced_eos_token_id": 0, "max_length": 512, "num_beams": 4,
+            "pad_token_id": pad, "renormalize_logits": True}
+
+
+def randomize(model) -> None:
+    """Every parameter random (the sinusoidal tables excepted), final_logits_bias too."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():  # each tied parameter once
+            if "embed_positions" in name:
+                continue
+            if "layer_norm" in name and name.endswith("weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif "layer_norm" in name:
+                param.normal_(0.0, 0.1)
+            else:
+                param.normal_(0.0, 0.2)
+        bias = model.final_logits_bias
+        bias.normal_(0.0, 0.5)
+        bias[0, model.config.eos_token_id] += EOS_BIAS
+        bias[0, model.config.decoder_start_token_id] += PAD_BIAS
+
+
+def save_model(folder: str, model, pad: int) -> None:
+    """model.safetensors + config.json + generation_config.json; bin/ the same with v4's pytorch_model.bin."""
+    model.save_pretrained(folder)
+    write_json(f"{folder}/generation_config.json", generation_config(pad))
+    os.makedirs(f"{folder}/bin", exist_ok=True)
+    # transformers v4's save_pretrained(safe_serialization=False): the whole state_dict, tied
+    # aliases included (model.shared/encoder/decoder.embed_tokens, lm_head), less
+    # _keys_to_ignore_on_save (the two sinusoidal tables).
+    state = {k: v for k, v in model.state_dict().items() if "embed_positions" not in k}
+    torch.save(state, f"{folder}/bin/pytorch_model.bin")
+    for name in os.listdir(folder):
+        if os.path.isfile(f"{folder}/{name}") and name != "model.safetensors":
+            shutil.copy(f"{folder}/{name}", f"{folder}/bin/{name}")
+
+
+def check_reload(folder: str, model):
+    """Both saved layouts load back to the very same weights, sinusoidal tables included."""
+    expected = model.state_dict()
+    loaded = []
+    for sub in (folder, f"{folder}/bin"):
+        again = transformers.MarianMTModel.from_pretrained(sub).eval()
+        for name, value in again.state_dict().items():
+            assert torch.equal(value, expected[name]), (sub, name)
+        loaded.append(again)
+    return loaded[0]
+
+
+def tokenization_strings(rng) -> list:
+    edge = [
+        "", " ", "   leading spaces", "trailing spaces   ", "multiple    spaces   inside", "tab\there",
+        "new\nline", "no\u00a0break space", "ﬁne ligature", "ＦＵＬＬ ｗｉｄｔｈ １２３", "e\u0301 decomposed",
+        "zero\u200bwidth", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 letters", "ภาษาไทย", "עברית", "emoji 🙂👍🏽🎉", "%s %d {name} %(count)d",
+        "{0} and {1} of %1$s", "<b>bold</b> and <i>italic</i>", "a<br/>b", '<a href="x">link</a>',
+        "100% sure", "1,234.56", "3.14159", "€5 £3 ¥7", "“quotes” ‘single’ «guillemets»", "— – -",
+        "…", "C++ & C#", "user@example.com", "https://example.com/a?b=c&d=e", "...", "!!!", "???",
+        "ALL CAPS SENTENCE", "MiXeD cAsE", "don't can't won't", "e.g. i.e. etc.", "Mr. Smith",
+        "Straße, Größe, Äpfel, Übung", "Привет, мир!", "Καλημέρα κόσμε", "東京と北京", "مرحبا بالعالم",
+        ">>fra<< Hello world", ">>deu<<Guten Tag", ">>fra<<", " >>fra<< after a space",
+        "a >>fra<< b", ">>xyz<< unknown code", ">> not a code", ">>fra<< %s {name}", "<<fra>> reversed",
+        "><", ">><<", ">>fra<<>>deu<< two codes",
+        " ".join(EN_WORDS[i] for i in rng.integers(0, len(EN_WORDS), 90)) + ".",
+    ]
+    generated = [sentence(rng, "en") for _ in range(170)] + [sentence(rng, "de") for _ in range(40)]
+    alphabet = sorted(set("".join(generated + edge)) | set("ЖЩΩλ字あ😀ñ\u00a0"))
+    random = ["".join(rng.choice(alphabet, int(rng.integers(1, 25)))) for _ in range(40)]
+    texts = edge + generated + random
+    return [t for t in texts if not any(s in t for s in ("</s>", "<unk>", "<pad>", "<s>"))]
+
+
+def strip_generated(row) -> list:
+    """Without the decoder start token, cut after the first eos."""
+    ids = row[1:].tolist()
+    return ids[:ids.index(0) + 1] if 0 in ids else ids
+
+
+def reference_outputs(folder: str, model, tokenizer, target_size: int, rng) -> tuple:
+    pad = model.config.pad_token_id
+    batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    decoder_input_ids = torch.from_numpy(rng.integers(0, target_size - 1, (len(SENTENCES), 12)))
+    decoder_input_ids[:, 0] = model.config.decoder_start_token_id
+    with torch.no_grad():
+        encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       decoder_input_ids=decoder_input_ids).logits
+        beams = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=4,
+                               max_new_tokens=M)
+        greedy = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1,
+                                max_new_tokens=M)
+        single = []
+        for ids in input_ids:
+            ids = ids[ids != pad][None]
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=4,
+                                 max_new_tokens=ids.shape[1] + EXTRA)
+            single.append(strip_generated(out[0]))
+    arrays = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy(),
+              "encoder_output": encoder_output.last_hidden_state.numpy(),
+              "decoder_input_ids": decoder_input_ids.numpy(), "logits": logits.numpy()}
+    generate_batch = [strip_generated(row) for row in beams]
+    results = {"sentences": SENTENCES, "max_new_tokens": M, "extra_length": EXTRA,
+               "generate_batch": generate_batch, "generate_single": single,
+               "greedy_batch": [strip_generated(row) for row in greedy],
+               "generate_batch_decoded": [tokenizer.decode(ids, skip_special_tokens=True)
+                                          for ids in generate_batch]}
+    return arrays, results
+
+
+def text_outputs(tokenizer, target_size: int, rng) -> dict:
+    texts = tokenization_strings(rng)
+    sequences = []
+    for _ in range(50):
+        ids = rng.integers(0, target_size - 1, int(rng.integers(1, 21)))  # never pad
+        ids[rng.random(len(ids)) < 0.08] = 0  # some eos
+        ids[rng.random(len(ids)) < 0.08] = 1  # some unk
+        sequences.append(ids.tolist())
+    return {
+        "tokenization": [{"text": t, "input_ids": tokenizer(t)["input_ids"]} for t in texts],
+        "detokenization": [{"ids": ids, "text": tokenizer.decode(ids, skip_special_tokens=True),
+                            "text_with_special": tokenizer.decode(ids)} for ids in sequences]}
+
+
+def main(folder: str, config: str) -> None:
+    started = time.time()
+    torch.manual_seed(SEED)
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(SEED)
+    os.makedirs(folder, exist_ok=True)
+    sentencepiece.set_min_log_level(2)
+    shared = config == "shared"
+    source_vocab, target_vocab = write_tokenizer(folder, shared, rng)
+    assert len(source_vocab) == len(target_vocab)  # as the OPUS-MT converter requires
+    model = transformers.MarianMTModel(
+        marian_config(shared, len(source_vocab), len(target_vocab))).eval()
+    randomize(model)
+    save_model(folder, model, model.config.pad_token_id)
+    model = check_reload(folder, model)
+    tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
+    arrays, results = reference_outputs(folder, model, tokenizer, len(target_vocab), rng)
+    results.update(text_outputs(tokenizer, len(target_vocab), rng))
+    try:
+        import sacremoses  # noqa: F401  (MarianTokenizer never calls its normalizer when encoding)
+        results["sacremoses_installed"] = True
+    except ImportError:
+        results["sacremoses_installed"] = False
+    results.update(config=config, transformers_version=transformers.__version__,
+                   seconds=round(time.time() - started, 1))
+    np.savez(f"{folder}/expected.npz", **arrays)
+    write_json(f"{folder}/expected.json", results)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder")
+    parser.add_argument("--config", choices=("shared", "separate"), required=True)
+    args = parser.parse_args()
+    main(args.folder, args.config)
