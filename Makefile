@@ -7,6 +7,13 @@ PYTHON ?= $(shell for p in python3.12 python3.11 python3.10 python3; do \
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The parity tests' reference (the [reference] extra: torch, transformers) on PyTorch's CPU build.
+# An exact pin: where pip.conf's find-links offers the local torch-2.13.0+cpu wheel, pip takes it
+# (2.13.0+cpu sorts above PyPI's 2.13.0); a plain `torch` would pull a CUDA build of several GB.
+# Elsewhere pip takes PyPI's 2.13.0 (a CUDA build on Linux x86_64), or, with
+# `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`, the CPU build.
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 .PHONY: install demo test lint bench
@@ -15,7 +22,8 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "error: Python 3.10-3.12 is needed" >&2; exit 2; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,reference]' '$(TORCH)' \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -43,7 +43,7 @@ def _ranked(alive_seq, alive_logp, fin_seq, fin_score, max_penalty):
 
 
 def _beam(model, source, beam_size, length_penalty, max_length, extra_length, return_scores,
-          nbest, cached, convention="gnmt"):
+          nbest, cached, convention="gnmt", renormalize=True):
     """Beam search (see `beam_search`); ``cached=False`` re-runs the decoder over each prefix."""
     _check_beam_size(beam_size)
     if convention not in ("gnmt", "transformers"):
@@ -88,8 +88,9 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
     def body(i, alive_seq, alive_logp, fin_seq, fin_score, is_open, *cache):
         n = max_length + 1
         logits, cache = step(i, alive_seq, cache)
-        logp = _restrict(model, logits, i, beam_limit, log_softmax_first=hf)  # (B·K, V)
-        if not hf:
+        logp = _restrict(model, logits, i, beam_limit,
+                         log_softmax_first=hf or not renormalize)  # (B·K, V)
+        if renormalize:
             logp = ops.log_softmax(logp, axis=-1)
         cand = alive_logp[..., None] + ops.reshape(logp, (batch, beam_size, vocab))  # (B, K, V)
         flat = ops.reshape(cand, (batch, beam_size * vocab))
@@ -151,7 +152,7 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
 
 def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
                 max_length=None, extra_length: int = 50, return_scores: bool = False,
-                nbest: bool = False, convention: str = "gnmt"):
+                nbest: bool = False, convention: str = "gnmt", renormalize: bool = True):
     """Beam search with a length penalty and the KV cache (see `nlp.decoding`).
 
     Args:
@@ -174,18 +175,24 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
         hypotheses by score (``log p / lp(length)``), then, where fewer than ``K`` finished,
         live ones scored ``log p / lp(limit)``; ``-1e9`` scores a slot with no hypothesis
         (a vocabulary too small to fill the beam).
+        convention: ``"gnmt"`` (this project's), or ``"transformers"``: the length penalty
+            and stopping rule of transformers' ``generate`` (`nlp.decoding.DecodingSettings`).
+        renormalize: normalize each step's log-probabilities over the ids that may be
+            generated (`nlp.decoding.DecodingSettings`).
     """
     return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
-                 return_scores, nbest, cached=True)
+                 return_scores, nbest, cached=True, convention=convention,
+                 renormalize=renormalize)
 
 
 def beam_search_uncached(model, source, beam_size: int = 4, length_penalty: float = 0.6,
                          max_length=None, extra_length: int = 50, return_scores: bool = False,
-                         nbest: bool = False, convention: str = "gnmt"):
+                         nbest: bool = False, convention: str = "gnmt", renormalize: bool = True):
     """Beam search that re-runs the decoder over every hypothesis's whole prefix at each step.
 
     The reference that cached beam search must equal, and a baseline of
     ``benchmarks/nmt_decode.py``. Same arguments and result as ``beam_search``.
     """
     return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
-                 return_scores, nbest, cached=False, convention=convention)
+                 return_scores, nbest, cached=False, convention=convention,
+                 renormalize=renormalize)

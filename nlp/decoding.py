@@ -34,8 +34,9 @@ search; with a beam at least as wide as the number of hypotheses it is exact.
 ``convention="transformers"`` decodes as transformers' ``generate`` does with its defaults
 (``length_penalty=1.0``, ``early_stopping=False``), so that a converted Marian model
 translates token for token as it did there: a finished hypothesis scores ``log p / n **
-length_penalty``; the log-probabilities are normalized over the whole vocabulary before the
-banned ids are removed (transformers' logits processors do not renormalize); and a sentence
+length_penalty``; the log-probabilities are normalized over the whole vocabulary, then the
+banned ids are removed, then (``renormalize``, transformers' ``renormalize_logits``) they
+are normalized again; and a sentence
 is done, its finished hypotheses frozen, once ``K`` have finished and the best live
 hypothesis's ``log p / n ** length_penalty`` at its current length ``n`` does not beat the
 ``K``-th (a heuristic: a longer live hypothesis may still have scored higher).
@@ -78,12 +79,17 @@ class DecodingSettings:
         convention: ``"gnmt"`` (the GNMT penalty and an exact stopping rule) or
             ``"transformers"`` (transformers' ``generate``: ``log p / len ** length_penalty``
             and its stopping heuristic; see the module docstring).
+        renormalize: the log-probabilities of a step are normalized over the ids that may
+            be generated (the banned ids and, at a sentence's last step, all but eos
+            removed); else over the whole vocabulary, the removed ids' share lost
+            (transformers' ``renormalize_logits=False``).
     """
 
     beam_size: int = 4
     length_penalty: float = 0.6
     extra_length: int = 50
     convention: str = "gnmt"
+    renormalize: bool = True
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -93,6 +99,7 @@ class DecodingSettings:
         checks.positive_int(f"{owner}.beam_size", self.beam_size)
         checks.non_negative_number(f"{owner}.length_penalty", self.length_penalty)
         checks.non_negative_int(f"{owner}.extra_length", self.extra_length)
+        checks.boolean(f"{owner}.renormalize", self.renormalize)
 
     def greedy(self) -> DecodingSettings:
         """The same settings with ``beam_size=1``."""
@@ -123,12 +130,13 @@ def search(model, source, settings: DecodingSettings, max_length=None, nbest: bo
         return beam_search(model, source, beam_size=settings.beam_size,
                            length_penalty=settings.length_penalty, max_length=max_length,
                            extra_length=settings.extra_length, nbest=nbest,
-                           convention=settings.convention)
+                           convention=settings.convention, renormalize=settings.renormalize)
     if nbest:
         ids, scores = greedy_search(model, source, max_length=max_length,
                                     extra_length=settings.extra_length, return_scores=True,
                                     length_penalty=settings.length_penalty,
-                                    convention=settings.convention)
+                                    convention=settings.convention,
+                                    renormalize=settings.renormalize)
         return ids[:, None], scores[:, None]
     return greedy_search(model, source, max_length=max_length,
                          extra_length=settings.extra_length)

@@ -143,6 +143,7 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
         "length_penalty": decoding.length_penalty,
         "extra_length": decoding.extra_length,
         "convention": decoding.convention,
+        "renormalize": decoding.renormalize,
         "signatures": {SERVING: {"beam_size": decoding.beam_size},
                        GREEDY: {"beam_size": 1},
                        NBEST: {"beam_size": decoding.beam_size,

@@ -21,7 +21,7 @@ __all__ = ["greedy_search", "greedy_search_uncached"]
 
 def greedy_search(model, source, max_length=None, extra_length: int = 50,
                   return_scores: bool = False, length_penalty: float = 0.0,
-                  convention: str = "gnmt"):
+                  convention: str = "gnmt", renormalize: bool = True):
     """Greedy decoding with the KV cache.
 
     Args:
@@ -37,6 +37,8 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
         convention: how the score is made (`nlp.decoding.DecodingSettings`): ``"gnmt"``, or
             ``"transformers"`` (log-probabilities over the whole vocabulary, length **
             ``length_penalty``).
+        renormalize: the score's log-probabilities are normalized over the ids that may be
+            generated (`nlp.decoding.DecodingSettings`).
 
     Returns:
         ``(B, N)`` int32 ids, ``N = max_length`` or ``S + extra_length`` (and the scores
@@ -54,11 +56,11 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
     def body(i, tokens, logp, finished, *caches):
         current = ops.slice(tokens, [0, i], [batch, 1])  # (B, 1)
         logits, caches = _decode_step(model, current, i, caches, cross, memory_mask)
-        logits = _restrict(model, logits, i, limit, convention == "transformers")
+        hf = convention == "transformers"
+        logits = _restrict(model, logits, i, limit, log_softmax_first=hf or not renormalize)
         nxt = ops.cast(ops.argmax(logits, axis=-1), "int32")
         if return_scores:
-            step_logp = logits if convention == "transformers" else ops.log_softmax(logits,
-                                                                                   axis=-1)
+            step_logp = ops.log_softmax(logits, axis=-1) if renormalize else logits
             chosen = ops.take_along_axis(step_logp, nxt[:, None], axis=1)
             logp = logp + ops.where(finished, 0.0, chosen[:, 0])
         nxt = ops.where(finished, model.pad_id, nxt)

@@ -8,13 +8,20 @@ model's. What transformers' ``MarianTokenizer`` does, this does too:
 
 - a source starting with a language code ``>>xx<<`` keeps the code as one token (looked up in
   the vocabulary), and SentencePiece encodes the rest;
-- a piece missing from the vocabulary becomes the vocabulary's ``<unk>`` id;
+- a piece missing from the vocabulary becomes the vocabulary's ``<unk>`` id; a character the
+  SentencePiece model does not know keeps its text, which the vocabulary may hold (a shared
+  ``vocab.json`` has the pieces of both models);
 - ``</s>`` (id 0 in OPUS-MT) ends a sentence; ``<pad>`` (the last id) pads, and starts the
   decoder (``decoder_start_token_id``); there is no bos;
-- decoding drops ``</s>``, ``<pad>`` and ``<unk>`` (``skip_special_tokens=True``), joins the
-  pieces, turns ``▁`` into spaces and strips the ends.
+- decoding drops ``</s>``, ``<pad>`` and ``<unk>`` wherever they are
+  (``skip_special_tokens=True``), joins the pieces, turns ``▁`` into spaces and strips the
+  ends.
 
-The lookups are ``tf.lookup.StaticHashTable``s inside the graph, so an exported translator
+In the graph, TF-Text's ``FastSentencepieceTokenizer`` splits the text, as the Python
+``sentencepiece`` that transformers uses does; TF-Text's ``SentencepieceTokenizer`` breaks ties
+between equally scored splits otherwise ("..." as ".." "." instead of "." ".."), so its
+pieces, which carry the text of unknown characters, are taken only where both agree. The
+lookups are ``tf.lookup.StaticHashTable``s inside the graph, so an exported translator
 takes raw strings and needs only ``tensorflow`` and ``tensorflow_text``. `save` writes the
 files (those of the OPUS-MT folder, under their names) and `from_directory` reads them.
 """
@@ -97,6 +104,19 @@ class MarianTokenizer(tf.Module):
         self._target_table = self._source_table if target_vocab is None \
             else self._table(target)
         self._piece_table = tf.constant(self._pieces)
+        # SentencePiece id -> model id (unk for pieces the vocabulary lacks), and piece ->
+        # SentencePiece id, of each side.
+        self._spm = {}
+        for side, processor, vocab_of_side in (("source", self._source, self.vocab),
+                                               ("target", self._target, target)):
+            pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+            ids = [vocab_of_side.get(p, vocab_of_side[UNK]) for p in pieces]
+            ids[processor.unk_id()] = vocab_of_side[UNK]
+            init = tf.lookup.KeyValueTensorInitializer(
+                tf.constant(pieces), tf.range(len(pieces), dtype=tf.int32))
+            self._spm[side] = (tf.constant(ids, tf.int32),
+                               tf.lookup.StaticHashTable(init, default_value=processor.unk_id()),
+                               processor.unk_id())
 
     @staticmethod
     def _table(vocab: dict[str, int]) -> tf.lookup.StaticHashTable:
@@ -149,9 +169,10 @@ class MarianTokenizer(tf.Module):
     @property
     def tables(self) -> tuple:
         """The lookup tables an export must track."""
-        if self._target_table is self._source_table:
-            return (self._source_table,)
-        return self._source_table, self._target_table
+        tables = [self._source_table, self._spm["source"][1], self._spm["target"][1]]
+        if self._target_table is not self._source_table:
+            tables.append(self._target_table)
+        return tuple(tables)
 
     @property
     def vocab_size(self) -> int:
@@ -190,9 +211,30 @@ class MarianTokenizer(tf.Module):
 
     # In the graph.
 
-    def _pieces_of(self, proto: bytes, texts: tf.Tensor) -> tf.RaggedTensor:
-        # A new TF-Text tokenizer per call, as `nlp.tokenizer.Tokenizer` explains.
-        return tf_text.SentencepieceTokenizer(model=proto, out_type=tf.string).tokenize(texts)
+    def _ids_of(self, side: str, texts: tf.Tensor) -> tf.RaggedTensor:
+        """``(B,)`` strings → ragged ``(B, None)`` model ids of ``side``'s pieces."""
+        proto = self._source_proto if side == "source" else self._target_proto
+        table = self._source_table if side == "source" else self._target_table
+        to_model, piece_ids, _ = self._spm[side]
+        # New TF-Text tokenizers per call, as `nlp.tokenizer.Tokenizer` explains.
+        split = tf_text.FastSentencepieceTokenizer(proto).tokenize(texts)  # spm ids
+        split = tf.cast(split, tf.int32)
+        pieces = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.string).tokenize(texts)
+        by_text = tf.ragged.map_flat_values(table.lookup, pieces)  # unknown text kept
+        by_id = tf.ragged.map_flat_values(lambda i: tf.gather(to_model, i), split)
+        # The rows both split alike (same SentencePiece ids) take the pieces' text (an
+        # unknown character's text may be in the vocabulary); the others the fast split.
+        other = tf.ragged.map_flat_values(piece_ids.lookup, pieces)
+        a, b = split.to_tensor(-1), other.to_tensor(-1)
+        width = tf.maximum(tf.shape(a)[1], tf.shape(b)[1])
+        a = tf.pad(a, [[0, 0], [0, width - tf.shape(a)[1]]], constant_values=-1)
+        b = tf.pad(b, [[0, 0], [0, width - tf.shape(b)[1]]], constant_values=-1)
+        agree = tf.reduce_all(tf.equal(a, b), axis=1)  # (B,)
+        rows = tf.range(tf.shape(agree)[0])
+        index = tf.where(agree, rows, rows + tf.shape(agree)[0])
+        both = tf.concat([by_text.with_row_splits_dtype(tf.int64),
+                          by_id.with_row_splits_dtype(tf.int64)], axis=0)
+        return tf.gather(both, index)
 
     def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Sources ``(B,)`` tf.string → ragged ``(B, None)`` int32 model ids, no eos."""
@@ -203,21 +245,20 @@ class MarianTokenizer(tf.Module):
         codes = tf.strings.substr(texts, tf.zeros_like(code_length), code_length)
         codes = tf.RaggedTensor.from_row_lengths(tf.boolean_mask(codes, has_code),
                                                  tf.cast(has_code, tf.int64))
-        pieces = tf.concat([codes, self._pieces_of(self._source_proto, rest)], axis=1)
-        return tf.ragged.map_flat_values(self._source_table.lookup, pieces)
+        codes = tf.ragged.map_flat_values(self._source_table.lookup, codes)
+        codes = codes.with_row_splits_dtype(tf.int64)
+        return tf.concat([codes, self._ids_of("source", rest)], axis=1)
 
     def tokenize_target(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Targets ``(B,)`` tf.string → ragged ``(B, None)`` int32 target ids, no eos."""
-        pieces = self._pieces_of(self._target_proto, tf.convert_to_tensor(texts, tf.string))
-        return tf.ragged.map_flat_values(self._target_table.lookup, pieces)
+        return self._ids_of("target", tf.convert_to_tensor(texts, tf.string))
 
     def detokenize(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
-        """Target ids ``(B, N)`` → ``(B,)`` strings: up to the first eos, without pad/unk."""
+        """Target ids ``(B, N)`` → ``(B,)`` strings, without eos, pad and unk."""
         if isinstance(ids, tf.RaggedTensor):
             ids = ids.to_tensor(default_value=self.pad_id)
         ids = tf.cast(ids, tf.int32)
-        before_eos = tf.math.cumsum(tf.cast(ids == self.eos_id, tf.int32), axis=1) == 0
-        keep = before_eos & (ids != self.pad_id) & (ids != self.unk_id)
+        keep = (ids != self.eos_id) & (ids != self.pad_id) & (ids != self.unk_id)
         pieces = tf.ragged.boolean_mask(tf.gather(self._piece_table, ids), keep)
         text = tf.strings.reduce_join(pieces, axis=1)
         return tf.strings.strip(tf.strings.regex_replace(text, _SPACE, " "))
@@ -242,13 +283,8 @@ class MarianTokenizer(tf.Module):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Target ids → string, as `detokenize`."""
-        pieces = []
-        for i in ids:
-            i = int(i)
-            if i == self.eos_id:
-                break
-            if i not in (self.pad_id, self.unk_id):
-                pieces.append(self._pieces[i])
+        pieces = [self._pieces[int(i)] for i in ids
+                  if int(i) not in (self.eos_id, self.pad_id, self.unk_id)]
         return "".join(pieces).replace(_SPACE, " ").strip(" \t\n\r\f\v")
 
     def id_to_piece(self, token_id: int) -> str:

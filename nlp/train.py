@@ -22,11 +22,12 @@ from nlp.callbacks import Patience, ValidationScores
 from nlp.config import NMTConfig
 from nlp.data.batching import bucket_boundaries, make_batches
 from nlp.data.sources import load_pairs
+from nlp.decoding import DecodingSettings
 from nlp.evaluate import evaluate
 from nlp.export import export_translator, make_translate_fn
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
-from nlp.tokenizer import Tokenizer
+from nlp.tokenizer import Tokenizer, load_tokenizer
 from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.training.checkpoints import Averaging
@@ -40,6 +41,10 @@ __all__ = ["DEFAULT_EPOCHS", "TranslationTask", "build_tokenizer", "compile_mode
 
 DEFAULT_EPOCHS = 10  # when the run sets neither epochs nor a step or time bound
 NUM_SAMPLES = 5  # held-out translations recorded in metrics.json
+# Fine-tuning a trained model (--init-from): the learning rate's peak, reached after the
+# warm-up; the Noam schedule of a model trained from nothing peaks 14x higher at d 512.
+FINE_TUNE_PEAK = 5e-5
+DEFAULT_BEAM = DecodingSettings().beam_size
 
 
 def _requested_vocab_size(tokenizer: Tokenizer) -> int:
@@ -186,14 +191,55 @@ class TranslationTask:
     """
 
     default_epochs = DEFAULT_EPOCHS
-    state_files = ("tokenizer.model",)
 
     def __init__(self, data: str, config: NMTConfig, run: RunOptions,
-                 log: Callable[..., None] = print):
-        self.data, self.config, self.run, self.log = data, config, run, log
+                 log: Callable[..., None] = print, init_from: str | os.PathLike | None = None):
+        self.data, self.run, self.log = data, run, log
+        self.init_from, self.initial = init_from, None
+        self.state_files = ("tokenizer.model",)
+        if init_from is not None:
+            config = self._fine_tuning(config, init_from)
+        self.config = config
         # The export: the mean of the last epochs, up to the best one with patience.
         self.averaging = Averaging(config.average_last,
                                    "val_bleu" if config.patience is not None else None)
+
+    def _fine_tuning(self, config: NMTConfig, init_from) -> NMTConfig:
+        """Reads the model directory to start from (`nlp.model_dir`); returns ``config`` with
+        its shape, its decoding and a fine-tuning learning rate (peak `FINE_TUNE_PEAK`)."""
+        from nlp.model_dir import read_model_dir
+
+        model, tokenizer, decoding, info = read_model_dir(init_from)
+        self.initial = model, tokenizer
+        self.state_files = tuple(info["tokenizer_files"])
+        shape = dict(num_encoder_layers=model.num_encoder_layers,
+                     num_decoder_layers=model.num_decoder_layers, d_model=model.d_model,
+                     num_heads=model.num_heads, ffn_dim=model.ffn_dim,
+                     vocab_size=model.vocab_size, max_positions=model.max_positions)
+        peak = config.lr_scale * model.d_model**-0.5 * config.warmup_steps**-0.5
+        config = dataclasses.replace(
+            config, **shape, max_length=min(config.max_length, model.max_positions),
+            lr_scale=config.lr_scale * FINE_TUNE_PEAK / peak,
+            decoding=dataclasses.replace(decoding, beam_size=config.decoding.beam_size)
+            if config.decoding.beam_size != DEFAULT_BEAM else decoding)
+        self.log(f"init: {init_from} ({model.count_params():,} parameters, its tokenizer and "
+                 f"decoding); learning rate peak {config.peak_learning_rate:.1e}")
+        return config
+
+    def _initial_tokenizer(self, trainer: Trainer):
+        """The tokenizer of ``init_from``, copied into the work directory by a new run (a
+        resumed one reads its own copy)."""
+        root = trainer.workdir.root
+        if all((root / name).exists() for name in self.state_files):
+            return load_tokenizer(root)
+        tokenizer = self.initial[1]
+        tmp = root / ".init-tokenizer"
+        tmp.mkdir(exist_ok=True)
+        for name in tokenizer.save(tmp):
+            os.replace(tmp / name, root / name)
+        tmp.rmdir()
+        self.log(f"tokenizer: {', '.join(self.state_files)} of {self.init_from}")
+        return tokenizer
 
     def load_data(self, trainer: Trainer) -> TaskData:
         """The pairs, the tokenizer (trained, or the work directory's) and the batches."""
@@ -218,8 +264,13 @@ class TranslationTask:
             counts["valid"] = count_batches(self.valid_pairs, tokenizer, config.batch_tokens,
                                             config.max_length)
 
-        self.tokenizer = build_tokenizer(str(trainer.workdir.root / "tokenizer.model"),
-                                         self.train_pairs, config.vocab_size, log, check=count)
+        if self.init_from is not None:
+            self.tokenizer = self._initial_tokenizer(trainer)
+            count(self.tokenizer)
+        else:
+            self.tokenizer = build_tokenizer(str(trainer.workdir.root / "tokenizer.model"),
+                                             self.train_pairs, config.vocab_size, log,
+                                             check=count)
         (self.kept, self.dropped, train_steps), valid_steps = counts["train"], counts["valid"][2]
         self.train_batches = train_steps
 
@@ -240,7 +291,10 @@ class TranslationTask:
         """The `Seq2SeqTransformer`, compiled (`compile_model`) on the run's schedule."""
         config, run = self.config, self.run
         total_steps = trainer.total_steps(DEFAULT_EPOCHS, data.steps_per_epoch)
-        model = build_model(config, vocab_size=self.tokenizer.vocab_size)
+        if self.initial is not None:  # a resumed run then loads its own state over it
+            model = self.initial[0]
+        else:
+            model = build_model(config, vocab_size=self.tokenizer.vocab_size)
         schedule = compile_model(model, config, jit_compile=run.jit_compile,
                                  total_steps=total_steps, timed=run.time_budget is not None)
         self.log(f"model: {config.name}, {model.count_params():,} parameters")
@@ -297,7 +351,8 @@ class TranslationTask:
 
 def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: RunOptions,
               callbacks: Iterable[keras.callbacks.Callback] = (),
-              log: Callable[..., None] = print) -> dict:
+              log: Callable[..., None] = print,
+              init_from: str | os.PathLike | None = None) -> dict:
     """Trains on ``data``, writes the work directory, returns the held-out scores.
 
     Work directory: ``tokenizer.model``, ``checkpoints/``, ``backup/`` (while running, so a
@@ -319,6 +374,11 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
             XLA saves on a CPU for the tiny model).
         callbacks: extra Keras callbacks for ``fit``.
         log: where progress lines go.
+        init_from: fine-tune the model of this model directory (`nlp.model_dir`, e.g. a
+            converted OPUS-MT model) instead of training a new one: its weights, tokenizer
+            (copied into ``workdir``) and decoding; ``config``'s model shape and
+            ``vocab_size`` are replaced by the model's, and its learning rate scaled to
+            peak at `FINE_TUNE_PEAK`.
 
     Returns:
         ``metrics.json``'s ``valid`` entry: bleu, chrf, exact_match, n ({} on non-chief
@@ -332,4 +392,5 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
             malformed file, unknown scheme), a broken file in the work directory, or a NaN
             loss (`tfx_transformer.training.callbacks.NonFiniteLossError`).
     """
-    return Trainer(workdir, run, log).fit(TranslationTask(data, config, run, log), callbacks)
+    return Trainer(workdir, run, log).fit(TranslationTask(data, config, run, log, init_from),
+                                          callbacks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tfx_transformer.training.quiet import onednn_default, quiet_start
@@ -61,9 +62,21 @@ def command(argv=None) -> int:
     add_run_arguments(parser, (*COMMON_RUN_FLAGS, "jit_compile"), eval_limit=EVAL_LIMIT,
                       mixed_precision="auto")
     add_override_arguments(parser, CONFIG_FLAGS)
+    parser.add_argument("--init-from", metavar="MODEL_DIR",
+                        help="fine-tune this model directory (tfx-convert-nmt's, e.g. an OPUS-MT "
+                             "model) with its tokenizer and decoding, instead of training a "
+                             "new model")
     args = parser.parse_args(argv)
+    if args.init_from is not None:
+        if args.vocab_size is not None:
+            parser.error("--vocab-size: a fine-tuned model keeps its vocabulary (--init-from "
+                         f"{args.init_from}); leave --vocab-size out")
+        if not os.path.isdir(args.init_from):
+            parser.error(f"--init-from {args.init_from}: not a directory (a model directory "
+                         "written by tfx-convert-nmt is expected)")
     config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
-    scores = train_nmt(args.data, args.workdir, config, run_options_from_args(args))
+    scores = train_nmt(args.data, args.workdir, config, run_options_from_args(args),
+                       init_from=args.init_from)
     if scores:  # a non-chief worker scores nothing
         print("held-out:", " ".join(f"{k} {v}" for k, v in scores.items()))
     return 0

@@ -19,7 +19,11 @@ SEED = 0
 SPM_PIECES = 320  # each SentencePiece model's size
 LEFT_OUT = 5  # pieces of each spm model that vocab.json leaves out on purpose
 LANGUAGE_CODES = (">>fra<<", ">>deu<<")  # in the shared vocab.json only, as multilingual OPUS-MT's
-EOS_BIAS = 2.5  # added to final_logits_bias[eos]: beams end at varied lengths
+# The std of the random weights, and the bias added to final_logits_bias[eos], per config: sharp
+# attention (large q/k), small value/output projections and small biases keep the random decoder
+# from collapsing onto one token; the eos bias ends the beams at varied lengths.
+SCALES = {"shared": {"embed": 0.12, "qk": 0.8, "vo": 0.1, "fc": 0.2, "eos": 2.15},
+          "separate": {"embed": 0.15, "qk": 1.2, "vo": 0.1, "fc": 0.35, "eos": 1.3}}
 PAD_BIAS = 2.0  # added to final_logits_bias[pad]: banning pad without renormalizing would show
 M = 20  # max_new_tokens of the batch generations
 EXTRA = 10  # generate_single: max_new_tokens = source length (with eos) + EXTRA
@@ -54,16 +58,15 @@ TAGS = [("<b>", "</b>"), ("<i>", "</i>"), ('<a href="x">', "</a>"), ("<br/>", ""
 QUOTES = {"en": ('"', '"'), "de": ("„", "“")}
 ASCII_LINE = "0 1 2 3 4 5 6 7 8 9 . , ; : ! ? ' \" ( ) [ ] { } < > / \\ - _ + = * & % $ # @ ~ ^ |"
 
-SENTENCES = [  # the parity batch: clearly different lengths
-    "Hi!",
-    "Thank you very much.",
-    "The old house is near the river.",
-    "Please send %s to {name} before 10:30 tomorrow.",
-    "<b>Warning:</b> %(count)d files could not be opened (see the log).",
-    "My friend bought 3 books for 42.50 at the market, but the price was too high!",
-    "Привет! The café in Zürich opens at 7 and closes late; is that true?",
-    "Yesterday the teacher and her students took the early train to the city, because the school "
-    "was closed and they wanted to see the new garden near the station.",
+SENTENCES = [  # the parity batch: clearly different lengths (5 to ~28 tokens with eos)
+    "Hi.",
+    "My house is old.",
+    "The teacher and the doctor were here.",
+    "Send %s to {name}!",
+    "<b>The</b> %(count)d files were open.",
+    "Привет! The café in Zürich is open; is that good?",
+    "The doctor saw 3 people at the station, but the train was late!",
+    "The students took the early train to the city, but the school was closed.",
 ]
 
 
@@ -87,8 +90,9 @@ def sentence(rng, lang: str) -> str:
             words.append(ACCENTED[lang][rng.integers(len(ACCENTED[lang]))])
         elif u < 0.145:
             words.append(FOREIGN[rng.integers(len(FOREIGN))])
-        else:
-            words.append(vocab[rng.integers(len(vocab))])
+        else:  # Zipf-like: the frequent words become whole pieces
+            weights = 1.0 / np.arange(2, len(vocab) + 2)
+            words.append(vocab[rng.choice(len(vocab), p=weights / weights.sum())])
     words[0] = words[0][:1].upper() + words[0][1:]
     if rng.random() < 0.3 and len(words) > 3:
         words[int(rng.integers(1, len(words) - 1))] += ","
@@ -191,7 +195,7 @@ def generation_config(pad: int) -> dict:
             "pad_token_id": pad, "renormalize_logits": True}
 
 
-def randomize(model) -> None:
+def randomize(model, scales: dict) -> None:
     """Every parameter random (the sinusoidal tables excepted), final_logits_bias too."""
     with torch.no_grad():
         for name, param in model.named_parameters():  # each tied parameter once
@@ -199,13 +203,19 @@ def randomize(model) -> None:
                 continue
             if "layer_norm" in name and name.endswith("weight"):
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            elif "layer_norm" in name:
-                param.normal_(0.0, 0.1)
-            else:
-                param.normal_(0.0, 0.2)
+            elif name.endswith("bias"):
+                param.normal_(0.0, 0.05)
+            elif "q_proj" in name or "k_proj" in name:
+                param.normal_(0.0, scales["qk"])
+            elif "v_proj" in name or "out_proj" in name:
+                param.normal_(0.0, scales["vo"])
+            elif "embed_tokens" in name or "shared" in name:
+                param.normal_(0.0, scales["embed"])
+            else:  # fc1, fc2
+                param.normal_(0.0, scales["fc"])
         bias = model.final_logits_bias
         bias.normal_(0.0, 0.5)
-        bias[0, model.config.eos_token_id] += EOS_BIAS
+        bias[0, model.config.eos_token_id] += scales["eos"]
         bias[0, model.config.decoder_start_token_id] += PAD_BIAS
 
 
@@ -322,7 +332,7 @@ def main(folder: str, config: str) -> None:
     assert len(source_vocab) == len(target_vocab)  # as the OPUS-MT converter requires
     model = transformers.MarianMTModel(
         marian_config(shared, len(source_vocab), len(target_vocab))).eval()
-    randomize(model)
+    randomize(model, SCALES[config])
     save_model(folder, model, model.config.pad_token_id)
     model = check_reload(folder, model)
     tokenizer = transformers.MarianTokenizer.from_pretrained(folder)

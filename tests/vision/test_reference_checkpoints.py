@@ -6,7 +6,9 @@ buffers' conversion matters) is saved as transformers saves it (``model.safetens
 ``.pth`` (``{"model": state_dict}`` under its names: packed ``in_proj_weight``, ``norm1``-``3``,
 ``class_embed``, ...); each is read by `vision.pretrained.load_reference_checkpoint` and must
 give transformers' logits and boxes, every decoder layer's too, on a padded batch of two images
-of different sizes. Needs the ``[reference]`` extra (torch, transformers)."""
+of different sizes. transformers' model has its own ResNet-50 backbone, saved under timm's
+names (reference_detr.py): no timm or torchvision needed. Needs the ``[reference]`` extra
+(torch, transformers)."""
 
 import importlib.util
 import json
@@ -20,9 +22,9 @@ import pytest
 from vision.pretrained import load_reference_checkpoint
 from vision.reference import COCO_CATEGORIES
 
-if not all(importlib.util.find_spec(name) for name in ("torch", "transformers", "timm")):
-    pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers, "
-                "timm) is not installed", allow_module_level=True)
+if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+    pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
+                "is not installed", allow_module_level=True)
 
 # transformers' DETR runs in its own process: importing its modeling code into a process that
 # has TensorFlow loaded crashes it.

@@ -1,0 +1,3 @@
+from nlp.commands.convert import main
+
+raise SystemExit(main())

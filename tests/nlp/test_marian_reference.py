@@ -1,0 +1,135 @@
+"""Converted OPUS-MT (Marian) models against transformers' ``MarianMTModel`` itself.
+
+``reference_marian.py`` builds, at random weights (LayerNorms and ``final_logits_bias``
+included), OPUS-MT's own layout shrunk to width 32 (``shared``: 6+6 layers, swish, one
+tied vocabulary) and one with separate source and target vocabularies (``separate``), saves
+each as the Hub serves an OPUS-MT folder, and records transformers' encoder output, logits,
+``generate`` results and ``MarianTokenizer`` ids. Each folder is converted with
+``scripts/convert_nmt.py`` (the command users run) and must give the same numbers: encoder
+output and logits within 1e-4, the same beam-search and greedy tokens, the same source ids.
+Needs torch and transformers (``make test`` installs them).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+    pytest.skip("torch and transformers are not installed (make test installs them)",
+                allow_module_level=True)
+
+from nlp.decoding import search  # noqa: E402
+from nlp.marian import read_marian  # noqa: E402
+from nlp.model_dir import read_model_dir  # noqa: E402
+
+_REFERENCE = os.path.join(os.path.dirname(__file__), "reference_marian.py")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _reference(folder, config):
+    # transformers runs in its own process: its modeling code crashes a process that has
+    # TensorFlow loaded.
+    subprocess.run([sys.executable, _REFERENCE, str(folder), "--config", config],
+                   check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    arrays = dict(np.load(folder / "expected.npz"))
+    return arrays, json.loads((folder / "expected.json").read_text())
+
+
+@pytest.fixture(scope="module", params=["shared", "separate"])
+def converted(request, tmp_path_factory):
+    """(expected arrays, expected json, model, tokenizer, decoding) of each config."""
+    folder = tmp_path_factory.mktemp(f"opus-mt-{request.param}")
+    arrays, expected = _reference(folder, request.param)
+    model, tokenizer, decoding = read_marian(folder, log=lambda *_: None)
+    return arrays, expected, model, tokenizer, decoding
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """OPUS-MT's layout converted by the command users run: (expected json, DIR)."""
+    folder = tmp_path_factory.mktemp("opus-mt-export")
+    _, expected = _reference(folder, "shared")
+    out = folder.parent / f"{folder.name}-converted"
+    subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "convert_nmt.py"),
+                    str(folder), "--out", str(out)], check=True, capture_output=True)
+    return expected, out
+
+
+def _rows(ids, eos):
+    """Each row up to and including its first eos, as lists."""
+    rows = []
+    for row in np.asarray(ids).tolist():
+        rows.append(row[:row.index(eos) + 1] if eos in row else row)
+    return rows
+
+
+def test_encoder_output_and_logits_of_every_position_equal_transformers(converted):
+    arrays, _, model, _, _ = converted
+    memory, mask = model.encode(arrays["input_ids"])
+    valid = arrays["attention_mask"].astype(bool)
+    np.testing.assert_array_equal(np.asarray(mask), valid)
+    np.testing.assert_allclose(np.asarray(memory)[valid], arrays["encoder_output"][valid],
+                               atol=1e-4)
+    logits = model.decode(arrays["decoder_input_ids"], memory, mask)
+    np.testing.assert_allclose(np.asarray(logits), arrays["logits"], atol=1e-4)
+
+
+def test_beam_search_and_greedy_equal_transformers_generate_token_for_token(converted):
+    arrays, expected, model, tokenizer, decoding = converted
+    assert decoding.convention == "transformers" and decoding.beam_size == 4
+    source = arrays["input_ids"]
+    limit = expected["max_new_tokens"]
+    beam = search(model, source, decoding, max_length=limit)
+    assert _rows(beam, tokenizer.eos_id) == expected["generate_batch"]
+    greedy = search(model, source, decoding.greedy(), max_length=limit)
+    assert _rows(greedy, tokenizer.eos_id) == expected["greedy_batch"]
+    # Hypotheses of several lengths compete: the test would not see a length penalty.
+    assert len({len(row) for row in expected["generate_batch"]}) >= 3
+
+
+def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported):
+    # The export decodes each sentence at most its source length + extra_length tokens, as
+    # transformers' generate does with max_new_tokens set so, sentence by sentence.
+    expected, out = exported
+    info = json.loads((out / "export" / "translator.json").read_text())
+    assert info["convention"] == "transformers"
+    translator = tf.saved_model.load(str(out / "export"))
+    nbest = translator.signatures["translate_nbest"](text=tf.constant(expected["sentences"]))
+    _, tokenizer, _, _ = read_model_dir(out)
+    texts = [tokenizer.decode(ids) for ids in expected["generate_single"]]
+    got = [h.decode() for h in nbest["hypotheses"].numpy()[:, 0]]
+    assert expected["extra_length"] >= 10
+    assert got == texts
+    served = translator.signatures["serving_default"](text=tf.constant(expected["sentences"]))
+    assert [t.decode() for t in served["translation"].numpy()] == texts
+
+
+def test_source_tokenization_equals_marian_tokenizer(converted):
+    _, expected, _, tokenizer, _ = converted
+    cases = expected["tokenization"]
+    assert len(cases) >= 200
+    texts = [case["text"] for case in cases]
+    ragged = tokenizer.tokenize(tf.constant(texts)).to_list()
+    eos = tokenizer.source_eos_id
+    for case, in_graph in zip(cases, ragged):
+        assert in_graph + [eos] == case["input_ids"], case["text"]
+        assert tokenizer.encode(case["text"]) + [eos] == case["input_ids"], case["text"]
+    assert any(tokenizer.vocab["<unk>"] in case["input_ids"] for case in cases)
+
+
+def test_detokenization_equals_marian_tokenizer_decode(converted):
+    _, expected, _, tokenizer, _ = converted
+    cases = expected["detokenization"]
+    ids = [case["ids"] for case in cases]
+    width = max(map(len, ids))
+    padded = [row + [tokenizer.pad_id] * (width - len(row)) for row in ids]
+    in_graph = [t.decode() for t in tokenizer.detokenize(tf.constant(padded)).numpy()]
+    for case, text in zip(cases, in_graph):
+        assert text == case["text"], case["ids"]
+        assert tokenizer.decode(case["ids"]) == case["text"], case["ids"]
