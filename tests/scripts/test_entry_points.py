@@ -21,7 +21,7 @@ SCRIPTS = {
     "tfx-evaluate-nmt": "evaluate_nmt.py", "tfx-train-detr": "train_detr.py",
     "tfx-detect": "detect.py", "tfx-evaluate-detr": "evaluate_detr.py",
     "tfx-quickstart": "quickstart.py", "tfx-serve": "serve.py",
-    "tfx-convert-detr": "convert_detr.py",
+    "tfx-convert-detr": "convert_detr.py", "tfx-convert-nmt": "convert_nmt.py",
 }
 
 
