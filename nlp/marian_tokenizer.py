@@ -19,8 +19,8 @@ model's. What transformers' ``MarianTokenizer`` does, this does too:
 
 In the graph, TF-Text's ``FastSentencepieceTokenizer`` splits the text, as the Python
 ``sentencepiece`` that transformers uses does; TF-Text's ``SentencepieceTokenizer`` breaks ties
-between equally scored splits otherwise ("..." as ".." "." instead of "." ".."), so its
-pieces, which carry the text of unknown characters, are taken only where both agree. The
+between equally scored splits otherwise ("..." as ".." "." instead of "." ".."), so it only
+gives the text of the unknown characters, which the fast one does not. The
 lookups are ``tf.lookup.StaticHashTable``s inside the graph, so an exported translator
 takes raw strings and needs only ``tensorflow`` and ``tensorflow_text``. `save` writes the
 files (those of the OPUS-MT folder, under their names) and `from_directory` reads them.
@@ -215,26 +215,23 @@ class MarianTokenizer(tf.Module):
         """``(B,)`` strings → ragged ``(B, None)`` model ids of ``side``'s pieces."""
         proto = self._source_proto if side == "source" else self._target_proto
         table = self._source_table if side == "source" else self._target_table
-        to_model, piece_ids, _ = self._spm[side]
+        to_model, piece_ids, unk = self._spm[side]
         # New TF-Text tokenizers per call, as `nlp.tokenizer.Tokenizer` explains.
-        split = tf_text.FastSentencepieceTokenizer(proto).tokenize(texts)  # spm ids
-        split = tf.cast(split, tf.int32)
+        split = tf.cast(tf_text.FastSentencepieceTokenizer(proto).tokenize(texts), tf.int32)
+        ids = tf.ragged.map_flat_values(lambda i: tf.gather(to_model, i), split)
+        # An unknown character keeps its text, which the vocabulary may hold: the k-th
+        # unknown piece of the fast split is the k-th of the string split, whose text is
+        # known (both find the same unknown runs; they differ only in breaking ties).
         pieces = tf_text.SentencepieceTokenizer(model=proto, out_type=tf.string).tokenize(texts)
-        by_text = tf.ragged.map_flat_values(table.lookup, pieces)  # unknown text kept
-        by_id = tf.ragged.map_flat_values(lambda i: tf.gather(to_model, i), split)
-        # The rows both split alike (same SentencePiece ids) take the pieces' text (an
-        # unknown character's text may be in the vocabulary); the others the fast split.
-        other = tf.ragged.map_flat_values(piece_ids.lookup, pieces)
-        a, b = split.to_tensor(-1), other.to_tensor(-1)
-        width = tf.maximum(tf.shape(a)[1], tf.shape(b)[1])
-        a = tf.pad(a, [[0, 0], [0, width - tf.shape(a)[1]]], constant_values=-1)
-        b = tf.pad(b, [[0, 0], [0, width - tf.shape(b)[1]]], constant_values=-1)
-        agree = tf.reduce_all(tf.equal(a, b), axis=1)  # (B,)
-        rows = tf.range(tf.shape(agree)[0])
-        index = tf.where(agree, rows, rows + tf.shape(agree)[0])
-        both = tf.concat([by_text.with_row_splits_dtype(tf.int64),
-                          by_id.with_row_splits_dtype(tf.int64)], axis=0)
-        return tf.gather(both, index)
+        unknown = tf.ragged.boolean_mask(
+            pieces, tf.ragged.map_flat_values(piece_ids.lookup, pieces) == unk).flat_values
+        where = tf.where(split.flat_values == unk)
+        flat = tf.cond(
+            tf.equal(tf.shape(where)[0], tf.shape(unknown)[0]),
+            lambda: tf.tensor_scatter_nd_update(ids.flat_values, where,
+                                                table.lookup(unknown)),
+            lambda: ids.flat_values)
+        return ids.with_flat_values(flat).with_row_splits_dtype(tf.int64)
 
     def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """Sources ``(B,)`` tf.string → ragged ``(B, None)`` int32 model ids, no eos."""

@@ -114,7 +114,7 @@ def test_clip_norm_flag_clips_the_global_gradient_norm(monkeypatch, capsys):
 
     seen = {}
     monkeypatch.setattr(command, "train_nmt",
-                        lambda data, workdir, config, run: seen.update(config=config) or {})
+                        lambda data, workdir, config, run, **_: seen.update(config=config) or {})
     assert command.main(["--workdir", "unused", "--clip-norm", "0.5"]) == 0
     config = seen["config"]
     assert (config.clip_norm, preset("tiny").clip_norm) == (0.5, None)  # default: none
