@@ -418,7 +418,7 @@ def main(args) -> None:
         ("fine-tuning, target tokens/s", tokens / step_o, tokens / step_t, step_o / step_t),
     ]
     print(f"\nmachine: {report['machine']}")
-    print(f"| measure | ours | transformers | time ours / theirs |\n|---|---:|---:|---:|")
+    print("| measure | ours | transformers | time ours / theirs |\n|---|---:|---:|---:|")
     for name, x, y, r in rows:
         print(f"| {name} | {x:,.1f} | {y:,.1f} | {r:.2f} |")
     print(f"translation: {n} sentences, median of {args.repeats} passes (ours {so:.1f} s, theirs "

@@ -7,27 +7,24 @@ scheduled model, validation BLEU, averaged weights, the export and held-out BLEU
 
 from __future__ import annotations
 
-import bisect
-import collections
 import dataclasses
-import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 import keras
 import tensorflow as tf
 
 from nlp.callbacks import Patience, ValidationScores
 from nlp.config import NMTConfig
-from nlp.data.batching import bucket_boundaries, make_batches
+from nlp.data.batching import count_batches, make_batches
 from nlp.data.sources import load_pairs
-from nlp.decoding import DecodingSettings
 from nlp.evaluate import evaluate
 from nlp.export import export_translator, make_translate_fn
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
-from nlp.tokenizer import Tokenizer, load_tokenizer
+from nlp.model_dir import fine_tuning, workdir_tokenizer
+from nlp.tokenizer import Tokenizer
 from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.training.checkpoints import Averaging
@@ -41,10 +38,6 @@ __all__ = ["DEFAULT_EPOCHS", "TranslationTask", "build_tokenizer", "compile_mode
 
 DEFAULT_EPOCHS = 10  # when the run sets neither epochs nor a step or time bound
 NUM_SAMPLES = 5  # held-out translations recorded in metrics.json
-# Fine-tuning a trained model (--init-from): the learning rate's peak, reached after the
-# warm-up; the Noam schedule of a model trained from nothing peaks 14x higher at d 512.
-FINE_TUNE_PEAK = 5e-5
-DEFAULT_BEAM = DecodingSettings().beam_size
 
 
 def _requested_vocab_size(tokenizer: Tokenizer) -> int:
@@ -135,26 +128,6 @@ def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
     return tokenizer
 
 
-def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_tokens: int,
-                  max_length: int) -> tuple[int, int, int]:
-    """``(kept, dropped, batches)`` of `make_batches` over ``pairs``, counted in Python.
-
-    A pair is kept when its source + eos and bos + target fit in ``max_length`` tokens; the
-    kept pairs fill length buckets, and each bucket of n pairs gives ceil(n / its batch size)
-    batches whatever the order, so the count holds for every shuffled epoch.
-    """
-    boundaries = bucket_boundaries(max_length)
-    sizes = [max(1, batch_tokens // (bound - 1)) for bound in boundaries]
-    per_bucket: collections.Counter = collections.Counter()
-    for source, target in pairs:
-        length = 1 + max(len(tokenizer.encode(source)), len(tokenizer.encode_target(target)))
-        if length <= max_length:
-            per_bucket[bisect.bisect_right(boundaries, length)] += 1
-    kept = sum(per_bucket.values())
-    batches = sum(math.ceil(n / sizes[bucket]) for bucket, n in per_bucket.items())
-    return kept, len(pairs) - kept, batches
-
-
 def make_schedule(config: NMTConfig, total_steps: int | None = None, timed: bool = False):
     """``config.schedule``: `BudgetSchedule` over ``total_steps`` and, when ``timed``, the
     run's time budget (the trainer's `tfx_transformer.training.bounds.ScheduleProgress`); or
@@ -188,6 +161,7 @@ class TranslationTask:
         config: the model, training and decoding settings (`nlp.config.preset`).
         run: the run options (the held-out share, seed, ``eval_limit``, ``jit_compile``).
         log: where progress lines go.
+        init_from: a model directory to fine-tune (`nlp.model_dir.fine_tuning`).
     """
 
     default_epochs = DEFAULT_EPOCHS
@@ -195,51 +169,14 @@ class TranslationTask:
     def __init__(self, data: str, config: NMTConfig, run: RunOptions,
                  log: Callable[..., None] = print, init_from: str | os.PathLike | None = None):
         self.data, self.run, self.log = data, run, log
-        self.init_from, self.initial = init_from, None
-        self.state_files = ("tokenizer.model",)
+        self.initial, self.state_files = None, ("tokenizer.model",)
         if init_from is not None:
-            config = self._fine_tuning(config, init_from)
+            config, self.initial = fine_tuning(config, init_from, log)
+            self.state_files = self.initial.tokenizer_files
         self.config = config
         # The export: the mean of the last epochs, up to the best one with patience.
         self.averaging = Averaging(config.average_last,
                                    "val_bleu" if config.patience is not None else None)
-
-    def _fine_tuning(self, config: NMTConfig, init_from) -> NMTConfig:
-        """Reads the model directory to start from (`nlp.model_dir`); returns ``config`` with
-        its shape, its decoding and a fine-tuning learning rate (peak `FINE_TUNE_PEAK`)."""
-        from nlp.model_dir import read_model_dir
-
-        model, tokenizer, decoding, info = read_model_dir(init_from)
-        self.initial = model, tokenizer
-        self.state_files = tuple(info["tokenizer_files"])
-        shape = dict(num_encoder_layers=model.num_encoder_layers,
-                     num_decoder_layers=model.num_decoder_layers, d_model=model.d_model,
-                     num_heads=model.num_heads, ffn_dim=model.ffn_dim,
-                     vocab_size=model.vocab_size, max_positions=model.max_positions)
-        peak = config.lr_scale * model.d_model**-0.5 * config.warmup_steps**-0.5
-        config = dataclasses.replace(
-            config, **shape, max_length=min(config.max_length, model.max_positions),
-            lr_scale=config.lr_scale * FINE_TUNE_PEAK / peak,
-            decoding=dataclasses.replace(decoding, beam_size=config.decoding.beam_size)
-            if config.decoding.beam_size != DEFAULT_BEAM else decoding)
-        self.log(f"init: {init_from} ({model.count_params():,} parameters, its tokenizer and "
-                 f"decoding); learning rate peak {config.peak_learning_rate:.1e}")
-        return config
-
-    def _initial_tokenizer(self, trainer: Trainer):
-        """The tokenizer of ``init_from``, copied into the work directory by a new run (a
-        resumed one reads its own copy)."""
-        root = trainer.workdir.root
-        if all((root / name).exists() for name in self.state_files):
-            return load_tokenizer(root)
-        tokenizer = self.initial[1]
-        tmp = root / ".init-tokenizer"
-        tmp.mkdir(exist_ok=True)
-        for name in tokenizer.save(tmp):
-            os.replace(tmp / name, root / name)
-        tmp.rmdir()
-        self.log(f"tokenizer: {', '.join(self.state_files)} of {self.init_from}")
-        return tokenizer
 
     def load_data(self, trainer: Trainer) -> TaskData:
         """The pairs, the tokenizer (trained, or the work directory's) and the batches."""
@@ -264,8 +201,8 @@ class TranslationTask:
             counts["valid"] = count_batches(self.valid_pairs, tokenizer, config.batch_tokens,
                                             config.max_length)
 
-        if self.init_from is not None:
-            self.tokenizer = self._initial_tokenizer(trainer)
+        if self.initial is not None:
+            self.tokenizer = workdir_tokenizer(self.initial, trainer.workdir.root, log)
             count(self.tokenizer)
         else:
             self.tokenizer = build_tokenizer(str(trainer.workdir.root / "tokenizer.model"),
@@ -292,7 +229,7 @@ class TranslationTask:
         config, run = self.config, self.run
         total_steps = trainer.total_steps(DEFAULT_EPOCHS, data.steps_per_epoch)
         if self.initial is not None:  # a resumed run then loads its own state over it
-            model = self.initial[0]
+            model = self.initial.model
         else:
             model = build_model(config, vocab_size=self.tokenizer.vocab_size)
         schedule = compile_model(model, config, jit_compile=run.jit_compile,
@@ -374,11 +311,8 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
             XLA saves on a CPU for the tiny model).
         callbacks: extra Keras callbacks for ``fit``.
         log: where progress lines go.
-        init_from: fine-tune the model of this model directory (`nlp.model_dir`, e.g. a
-            converted OPUS-MT model) instead of training a new one: its weights, tokenizer
-            (copied into ``workdir``) and decoding; ``config``'s model shape and
-            ``vocab_size`` are replaced by the model's, and its learning rate scaled to
-            peak at `FINE_TUNE_PEAK`.
+        init_from: fine-tune this model directory's model (a converted OPUS-MT model) with
+            its tokenizer and decoding (`nlp.model_dir.fine_tuning`).
 
     Returns:
         ``metrics.json``'s ``valid`` entry: bleu, chrf, exact_match, n ({} on non-chief

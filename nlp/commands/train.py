@@ -52,6 +52,10 @@ CONFIG_FLAGS = {
                                     "0: none")),
 }
 EVAL_LIMIT = 1000  # held-out pairs translated and scored after training
+# With --init-from, unless the flags say otherwise: the budget schedule (linear warm-up over a
+# tenth of the run, then linear decay to 0; Noam's step^-0.5 when the run's length is not
+# known), peaking at `nlp.train.FINE_TUNE_PEAK`.
+FINE_TUNING = {"schedule": "budget", "warmup_share": 0.1}
 
 
 def command(argv=None) -> int:
@@ -74,7 +78,10 @@ def command(argv=None) -> int:
         if not os.path.isdir(args.init_from):
             parser.error(f"--init-from {args.init_from}: not a directory (a model directory "
                          "written by tfx-convert-nmt is expected)")
-    config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
+    overrides = overrides_from_args(args, CONFIG_FLAGS)
+    if args.init_from is not None:  # a trained model: a short warm-up, then linear decay
+        overrides = {**FINE_TUNING, **overrides}
+    config = preset(args.preset, **overrides)
     scores = train_nmt(args.data, args.workdir, config, run_options_from_args(args),
                        init_from=args.init_from)
     if scores:  # a non-chief worker scores nothing

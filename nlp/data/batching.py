@@ -2,17 +2,23 @@
 
 `make_batches` yields `({"source": (B, S) int32, "target_in": (B, T) int32}, target_out (B, T)
 int32)` with source = tokens + eos, target_in = bos + tokens, target_out = tokens + eos, padded
-with the pad id 0. For a `tf.distribute` strategy, `B` is a multiple of the replicas.
+with the tokenizer's pad ids (0 in this project's vocabularies; a Marian tokenizer's bos is its
+pad id, the decoder start). For a `tf.distribute` strategy, `B` is a multiple of the replicas.
 """
 
 from __future__ import annotations
+
+import bisect
+import collections
+import math
+from collections.abc import Sequence
 
 import tensorflow as tf
 
 from nlp.tokenizer import Tokenizer
 from tfx_transformer import checks
 
-__all__ = ["BatchStats", "bucket_boundaries", "make_batches"]
+__all__ = ["BatchStats", "bucket_boundaries", "count_batches", "make_batches"]
 
 
 class BatchStats:
@@ -83,7 +89,7 @@ def make_batches(
 
     Returns:
         `(batches, stats)`: batches are `({"source": (B, S) int32, "target_in": (B, T) int32},
-        target_out (B, T) int32)`, padded with 0; `stats` counts kept and dropped examples.
+        target_out (B, T) int32)`, padded with the pad ids; `stats` counts kept and dropped examples.
 
     Raises:
         ValueError: If `batch_tokens`, `max_length`, `shuffle_buffer` or `num_replicas` is
@@ -154,3 +160,23 @@ def _pad_rows(batches, multiple: int, pads):
     extra = (-rows) % multiple
     return tuple(tf.pad(x, [[0, extra], [0, 0]], constant_values=pad)
                  for x, pad in zip(batches, pads))
+
+
+def count_batches(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, batch_tokens: int,
+                  max_length: int) -> tuple[int, int, int]:
+    """``(kept, dropped, batches)`` of `make_batches` over ``pairs``, counted in Python.
+
+    A pair is kept when its source + eos and bos + target fit in ``max_length`` tokens; the
+    kept pairs fill length buckets, and each bucket of n pairs gives ceil(n / its batch size)
+    batches whatever the order, so the count holds for every shuffled epoch.
+    """
+    boundaries = bucket_boundaries(max_length)
+    sizes = [max(1, batch_tokens // (bound - 1)) for bound in boundaries]
+    per_bucket: collections.Counter = collections.Counter()
+    for source, target in pairs:
+        length = 1 + max(len(tokenizer.encode(source)), len(tokenizer.encode_target(target)))
+        if length <= max_length:
+            per_bucket[bisect.bisect_right(boundaries, length)] += 1
+    kept = sum(per_bucket.values())
+    batches = sum(math.ceil(n / sizes[bucket]) for bucket, n in per_bucket.items())
+    return kept, len(pairs) - kept, batches

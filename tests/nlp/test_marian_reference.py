@@ -32,29 +32,37 @@ _REFERENCE = os.path.join(os.path.dirname(__file__), "reference_marian.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _reference(folder, config):
-    # transformers runs in its own process: its modeling code crashes a process that has
-    # TensorFlow loaded.
-    subprocess.run([sys.executable, _REFERENCE, str(folder), "--config", config],
-                   check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    arrays = dict(np.load(folder / "expected.npz"))
-    return arrays, json.loads((folder / "expected.json").read_text())
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """``reference(config)``: (folder, expected arrays, expected json), each config run once."""
+    made = {}
+
+    def reference(config):
+        if config not in made:
+            folder = tmp_path_factory.mktemp(f"opus-mt-{config}")
+            # transformers runs in its own process: its modeling code crashes a process that
+            # has TensorFlow loaded.
+            subprocess.run([sys.executable, _REFERENCE, str(folder), "--config", config],
+                           check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+            made[config] = (folder, dict(np.load(folder / "expected.npz")),
+                            json.loads((folder / "expected.json").read_text()))
+        return made[config]
+
+    return reference
 
 
 @pytest.fixture(scope="module", params=["shared", "separate"])
-def converted(request, tmp_path_factory):
+def converted(request, references):
     """(expected arrays, expected json, model, tokenizer, decoding) of each config."""
-    folder = tmp_path_factory.mktemp(f"opus-mt-{request.param}")
-    arrays, expected = _reference(folder, request.param)
+    folder, arrays, expected = references(request.param)
     model, tokenizer, decoding = read_marian(folder, log=lambda *_: None)
     return arrays, expected, model, tokenizer, decoding
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(references):
     """OPUS-MT's layout converted by the command users run: (expected json, DIR)."""
-    folder = tmp_path_factory.mktemp("opus-mt-export")
-    _, expected = _reference(folder, "shared")
+    folder, _, expected = references("shared")
     out = folder.parent / f"{folder.name}-converted"
     subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "convert_nmt.py"),
                     str(folder), "--out", str(out)], check=True, capture_output=True)
@@ -106,8 +114,15 @@ def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported):
     got = [h.decode() for h in nbest["hypotheses"].numpy()[:, 0]]
     assert expected["extra_length"] == DecodingSettings().extra_length
     assert got == texts
-    served = translator.signatures["serving_default"](text=tf.constant(expected["sentences"]))
-    assert [t.decode() for t in served["translation"].numpy()] == texts
+    # A process with only TensorFlow and TF-Text (no module of this project) runs it too.
+    code = ("import json, sys, tensorflow as tf, tensorflow_text\n"
+            f"t = tf.saved_model.load({str(out / 'export')!r})\n"
+            f"out = t.signatures['serving_default'](text=tf.constant({expected['sentences']!r}))"
+            "\nmods = [m for m in sys.modules if m.split('.')[0] in ('nlp', 'tfx_transformer')]"
+            "\nprint(json.dumps([[s.decode() for s in out['translation'].numpy()], mods]))")
+    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=out, check=True)
+    assert json.loads(bare.stdout.strip().splitlines()[-1]) == [texts, []]
 
 
 def test_source_tokenization_equals_marian_tokenizer(converted):

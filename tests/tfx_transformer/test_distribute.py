@@ -71,12 +71,17 @@ class FakeTokenizer:
     """Ids written as text ("5 6 7"): make_batches and count_batches without SentencePiece."""
 
     pad_id, bos_id, eos_id = 0, 2, 3
+    source_pad_id, source_eos_id = 0, 3
 
     def tokenize(self, texts):
         return tf.strings.to_number(tf.strings.split(texts), tf.int32)
 
+    tokenize_target = tokenize
+
     def encode(self, text):
         return [int(t) for t in text.split()]
+
+    encode_target = encode
 
 
 # One step on two logical CPUs against the same global batch on one device: the loss, the
