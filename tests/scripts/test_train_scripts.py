@@ -36,7 +36,7 @@ def test_train_nmt_defaults(monkeypatch, capsys):
     module, calls = _script("train_nmt.py", "train_nmt", monkeypatch)
     assert module.main(["--workdir", "w"]) == 0
     (data, workdir, config, run), kwargs = calls[0]
-    assert (data, workdir, kwargs) == ("embedded", "w", {})
+    assert (data, workdir, kwargs) == ("embedded", "w", {"init_from": None})
     assert config == nmt_config.preset("tiny")
     # NMT scores 1000 pairs by default; scripts pick bf16 where it is fast
     assert run == RunOptions(eval_limit=module.EVAL_LIMIT, mixed_precision="auto")
