@@ -167,6 +167,10 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
         nbest: return all ``K`` hypotheses of every sentence and their scores. The search then
             runs until no live hypothesis can beat a sentence's ``K``-th finished one, so the
             list is final; its first entry is what ``nbest=False`` returns.
+        convention: ``"gnmt"`` (this project's), or ``"transformers"``: the length penalty
+            and stopping rule of transformers' ``generate`` (`nlp.decoding.DecodingSettings`).
+        renormalize: normalize each step's log-probabilities over the ids that may be
+            generated (`nlp.decoding.DecodingSettings`).
 
     Returns:
         ``(B, N)`` int32 ids (``N = max_length`` or ``S + extra_length``) of the best
@@ -175,10 +179,6 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
         hypotheses by score (``log p / lp(length)``), then, where fewer than ``K`` finished,
         live ones scored ``log p / lp(limit)``; ``-1e9`` scores a slot with no hypothesis
         (a vocabulary too small to fill the beam).
-        convention: ``"gnmt"`` (this project's), or ``"transformers"``: the length penalty
-            and stopping rule of transformers' ``generate`` (`nlp.decoding.DecodingSettings`).
-        renormalize: normalize each step's log-probabilities over the ids that may be
-            generated (`nlp.decoding.DecodingSettings`).
     """
     return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
                  return_scores, nbest, cached=True, convention=convention,

@@ -89,7 +89,8 @@ def make_batches(
 
     Returns:
         `(batches, stats)`: batches are `({"source": (B, S) int32, "target_in": (B, T) int32},
-        target_out (B, T) int32)`, padded with the pad ids; `stats` counts kept and dropped examples.
+        target_out (B, T) int32)`, padded with the pad ids; `stats` counts kept and dropped
+        examples.
 
     Raises:
         ValueError: If `batch_tokens`, `max_length`, `shuffle_buffer` or `num_replicas` is

@@ -61,7 +61,7 @@ def marian_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_fine_tuning_killed_mid_epoch_resumes_with_the_same_command(tmp_path, marian_dir,
-                                                                    run_script):
+                                                                    run_script, capsys):
     model_dir, data = marian_dir
     work = tmp_path / "work"
     # 380 training pairs at 256 tokens a batch: dozens of steps an epoch, so step 3 is in
@@ -83,17 +83,22 @@ def test_fine_tuning_killed_mid_epoch_resumes_with_the_same_command(tmp_path, ma
     vocab = json.loads((model_dir / "vocab.json").read_text())
     assert info["vocab_size"] == info["target_vocab_size"] == len(vocab)
 
-    translated = run_script("translate.py", "--model", work / "export", "seven apples")
-    assert translated.returncode == 0, translated.stderr[-3000:]
-    assert len(translated.stdout.strip().splitlines()) == 1
+    from nlp.commands.translate import main  # the command, in this process
+
+    assert main(["--model", str(work / "export"), "seven apples", "zwei"]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 2
 
 
-def test_vocab_size_is_refused_when_fine_tuning(tmp_path, marian_dir, run_script):
+def test_vocab_size_is_refused_when_fine_tuning(tmp_path, marian_dir, capsys):
+    from nlp.commands.train import main
+
     model_dir, data = marian_dir
-    done = run_script("train_nmt.py", "--init-from", model_dir, "--data", f"tsv:{data}",
-                      "--workdir", tmp_path / "w", "--vocab-size", 500)
-    assert done.returncode == 2
-    assert done.stderr.count("error:") == 1 and "--vocab-size" in done.stderr
+    with pytest.raises(SystemExit) as stop:  # argparse's error: exit 2, one line
+        main(["--init-from", str(model_dir), "--data", f"tsv:{data}", "--workdir",
+              str(tmp_path / "w"), "--vocab-size", "500"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2
+    assert err.count("error:") == 1 and "--vocab-size" in err
     assert not (tmp_path / "w").exists()
 
 
@@ -120,15 +125,24 @@ def _folder(tmp_path, marian_dir, config=None, drop=(), extra=()):
      "rotary_embeddings"),
     (dict(drop=["source.spm", "target.spm"], extra=["source.bpe", "target.bpe"]), "BPE"),
 ])
-def test_a_folder_the_converter_cannot_take_is_one_error_line(tmp_path, marian_dir,
-                                                               run_script, case, named):
+def test_a_folder_the_converter_cannot_take_is_one_error_line(tmp_path, marian_dir, capsys,
+                                                               case, named):
+    from nlp.commands.convert import main
+
     folder = _folder(tmp_path, marian_dir, **case)
     out = tmp_path / "converted"
-    done = run_script("convert_nmt.py", folder, "--out", out)
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.count("error:") == 1 and named in done.stderr, done.stderr
-    assert "Traceback" not in done.stderr
+    assert main([str(folder), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and named in err and "Traceback" not in err, err
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["opus-mt"]
+
+
+def test_the_converter_script_refuses_from_the_shell(tmp_path, marian_dir, run_script):
+    folder = _folder(tmp_path, marian_dir, drop=["vocab.json"])
+    done = run_script("convert_nmt.py", folder, "--out", tmp_path / "converted")
+    assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr[-2000:]
+    assert "no vocab.json" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "converted").exists()
 
 
 @pytest.mark.parametrize("case, message", [

@@ -4,9 +4,11 @@
 included), OPUS-MT's own layout shrunk to width 32 (``shared``: 6+6 layers, swish, one
 tied vocabulary) and one with separate source and target vocabularies (``separate``), saves
 each as the Hub serves an OPUS-MT folder, and records transformers' encoder output, logits,
-``generate`` results and ``MarianTokenizer`` ids. Each folder is converted with
-``scripts/convert_nmt.py`` (the command users run) and must give the same numbers: encoder
-output and logits within 1e-4, the same beam-search and greedy tokens, the same source ids.
+``generate`` results and ``MarianTokenizer`` ids. Each folder, read by `nlp.marian.read_marian`,
+must give the same numbers: encoder output and logits within 1e-4, the same beam-search and
+greedy tokens, the same source ids and decoded strings. The ``separate`` folder is also
+converted with ``scripts/convert_nmt.py`` (the command users run), and its export must
+translate as ``generate`` does, here and in a process with only TensorFlow and TF-Text.
 Needs torch and transformers (``make test`` installs them).
 """
 
@@ -61,8 +63,9 @@ def converted(request, references):
 
 @pytest.fixture(scope="module")
 def exported(references):
-    """OPUS-MT's layout converted by the command users run: (expected json, DIR)."""
-    folder, _, expected = references("shared")
+    """The separate vocabularies' folder (two vocabulary files, the smaller model) converted
+    by the command users run: (expected json, DIR)."""
+    folder, _, expected = references("separate")
     out = folder.parent / f"{folder.name}-converted"
     subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "convert_nmt.py"),
                     str(folder), "--out", str(out)], check=True, capture_output=True)
