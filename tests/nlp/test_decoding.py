@@ -217,6 +217,33 @@ def test_nbest_lists_are_sorted_distinct_rescorable_and_start_with_the_best(leng
             np.testing.assert_allclose(score, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_transformers_convention_scores_log_p_over_length(renormalize):
+    # transformers' generate: log-softmax over the whole vocabulary, the banned ids removed
+    # (and, with renormalize_logits, a log-softmax again), score log p / n ** length_penalty.
+    model, extra = _model(30, seed=4), 5
+    settings = decoding.DecodingSettings(beam_size=3, length_penalty=1.0, extra_length=extra,
+                                         convention="transformers", renormalize=renormalize)
+    ids, scores = decoding.search(model, SOURCE, settings, nbest=True)
+    best = decoding.search(model, SOURCE, settings)
+    np.testing.assert_array_equal(np.asarray(ids)[:, 0], np.asarray(best))
+    for source, row, row_scores in zip(SOURCE, np.asarray(ids), np.asarray(scores)):
+        memory, mask = model.encode(source[None])
+        limit = int(np.sum(source != 0)) + extra
+        for hypothesis, score in zip(_hypotheses(row), row_scores):
+            seq = list(hypothesis)
+            target_in = np.array([[BOS_ID] + seq[:-1]], "int32")
+            logits = np.asarray(model.decode(target_in, memory, mask))[0].astype("float64")
+            logp = 0.0
+            for t, token in enumerate(seq):
+                step = _log_softmax(logits[t])
+                step[[0, 1, BOS_ID]] = -np.inf  # pad, unk, bos
+                if t == limit - 1:
+                    step[np.arange(len(step)) != EOS] = -np.inf
+                logp += (_log_softmax(step) if renormalize else step)[token]
+            np.testing.assert_allclose(score, logp / len(seq), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("length_penalty", [0.0, 0.6])
 def test_nbest_with_a_beam_as_wide_as_the_vocabulary_is_the_brute_force_top_k(length_penalty):
     # Every sequence of the two words up to 3 tokens: 1 + 2 + 4 = 7 hypotheses; the 6 best.
