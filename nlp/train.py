@@ -24,7 +24,7 @@ from nlp.export import export_translator, make_translate_fn
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
 from nlp.model_dir import fine_tuning, workdir_tokenizer
-from nlp.tokenizer import Tokenizer
+from nlp.tokenizer import TOKENIZER_FILE, Tokenizer
 from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.training.checkpoints import Averaging
@@ -169,7 +169,7 @@ class TranslationTask:
     def __init__(self, data: str, config: NMTConfig, run: RunOptions,
                  log: Callable[..., None] = print, init_from: str | os.PathLike | None = None):
         self.data, self.run, self.log = data, run, log
-        self.initial, self.state_files = None, ("tokenizer.model",)
+        self.initial, self.state_files = None, (TOKENIZER_FILE,)
         if init_from is not None:
             config, self.initial = fine_tuning(config, init_from, log)
             self.state_files = self.initial.tokenizer_files
@@ -205,7 +205,7 @@ class TranslationTask:
             self.tokenizer = workdir_tokenizer(self.initial, trainer.workdir.root, log)
             count(self.tokenizer)
         else:
-            self.tokenizer = build_tokenizer(str(trainer.workdir.root / "tokenizer.model"),
+            self.tokenizer = build_tokenizer(str(trainer.workdir.root / TOKENIZER_FILE),
                                              self.train_pairs, config.vocab_size, log,
                                              check=count)
         (self.kept, self.dropped, train_steps), valid_steps = counts["train"], counts["valid"][2]
