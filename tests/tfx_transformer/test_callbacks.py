@@ -159,9 +159,11 @@ def test_metrics_logger_reports_every_stopper(tmp_path):
 def test_plan_epochs():
     assert plan_epochs(10, None, 5) == 10
     assert plan_epochs(10, 12, 5) == 3
-    assert plan_epochs(2, 100, 5) == 2
     assert plan_epochs(10, 12, None) == 10
     assert plan_epochs(10, 3, 5) == 1
+    # From a backup of 1 epoch cut short at step 3 (of 5): 9 steps left need 2 more epochs.
+    assert plan_epochs(10, 12, 5, done_epochs=1, done_steps=3) == 3
+    assert plan_epochs(10, 10, 5, done_epochs=2, done_steps=10) == 2  # nothing left
     with pytest.raises(ValueError, match="max_steps"):
         MaxSteps(0)
 

@@ -268,6 +268,40 @@ def test_a_finished_run_rerun_changes_nothing_and_a_longer_one_continues(tmp_pat
         "checkpoints/epoch-002.weights.h5"]
 
 
+class Slow(keras.callbacks.Callback):
+    """Makes each step last 40 ms, so that a budget of 0.001 min (60 ms) stops inside the
+    first epoch of 3 steps."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        import time
+
+        time.sleep(0.04)
+
+
+@pytest.mark.parametrize("first", [{"max_steps": 2}, {"max_steps": 3}, {"time_budget": 0.001}],
+                         ids=["inside-epoch-1", "at-an-epoch-end", "after-a-time-budget"])
+@pytest.mark.parametrize("then", [{"max_steps": 7}, {"epochs": 3}], ids=["max-steps", "epochs"])
+def test_a_finished_run_continues_to_exactly_the_new_bound(tmp_path, first, then):
+    events = []
+    Trainer(tmp_path, RunOptions(**first), log=events.append).fit(
+        ToyTask(events, extra=[Slow()] if "time_budget" in first else []))
+    done = read_state(tmp_path)["steps"]
+    assert read_state(tmp_path)["phase"] == "finished" and 1 <= done <= 3
+    events.clear()
+    bound = then.get("max_steps") or 3 * then["epochs"]  # 3 steps per epoch
+    assert _steps(_run(tmp_path, events, **then)) == {"steps": bound}
+    assert events.count("step") == bound - done
+    assert (tmp_path / "export" / "steps").read_text() == str(bound)
+    state = read_state(tmp_path)
+    assert (state["phase"], state["steps"]) == ("finished", bound)
+    stopped = read_metrics(tmp_path)["train"]["stopped_by"]
+    assert stopped == ("max_steps=7 reached" if "max_steps" in then else
+                       None if done == 3 else "epochs=3 reached")
+    events.clear()  # and the same request again changes nothing
+    assert _steps(_run(tmp_path, events, **then)) == {"steps": bound}
+    assert "step" not in events and "finished earlier" in events[0]
+
+
 def test_restart_moves_the_earlier_run_aside_and_keeps_its_export(tmp_path):
     events = []
     _run(tmp_path, events)

@@ -204,13 +204,19 @@ class MaxSteps(keras.callbacks.Callback):
 
     Steps count from ``model.optimizer.iterations`` at train begin, so a run resumed by
     `BackupAndRestore` (which restores the optimizer) keeps counting where it stopped.
+
+    Args:
+        max_steps: the step bound, > 0.
+        bound: what the bound is, for ``reason`` (default ``max_steps=N``; the trainer says
+            ``epochs=N`` when an epoch bound is met in steps).
     """
 
-    def __init__(self, max_steps: int):
+    def __init__(self, max_steps: int, bound: str | None = None):
         super().__init__()
         if not (isinstance(max_steps, int) and max_steps > 0):
             raise ValueError(f"`max_steps` must be a positive int. Received: {max_steps!r}")
         self.max_steps, self.steps, self.stopped, self.reason = max_steps, 0, False, None
+        self.bound = bound or f"max_steps={max_steps}"
 
     def on_train_begin(self, logs=None):
         optimizer = getattr(self.model, "optimizer", None)
@@ -225,14 +231,20 @@ class MaxSteps(keras.callbacks.Callback):
         self.steps = self._epoch_start + batch + 1  # `batch` is the epoch's last step index.
         if self.steps >= self.max_steps and not self.stopped:
             self.model.stop_training = self.stopped = True
-            self.reason = f"max_steps={self.max_steps} reached"
+            self.reason = f"{self.bound} reached"
 
 
-def plan_epochs(epochs: int, max_steps: int | None, steps_per_epoch: int | None) -> int:
-    """Epochs to pass to `fit`: no more than ``max_steps`` needs when the epoch length is known.
+def plan_epochs(epochs: int, total_steps: int | None, steps_per_epoch: int | None,
+                done_epochs: int = 0, done_steps: int = 0) -> int:
+    """Epochs to pass to `fit` so that the run reaches ``total_steps`` optimizer steps.
 
-    Use with `MaxSteps` (in `standard_callbacks`), which stops at the exact step.
+    A run continues from its backup: ``done_epochs`` epochs (as Keras counts them: an epoch
+    that a step limit or a time budget cut short counts as done) holding ``done_steps``
+    steps. `fit` then needs the epochs already done plus enough whole epochs for the steps
+    left; `MaxSteps` stops it at the exact step. With no step bound or no known epoch length,
+    ``epochs`` is the answer.
     """
-    if max_steps is None or not steps_per_epoch or steps_per_epoch < 0:
+    if total_steps is None or not steps_per_epoch or steps_per_epoch < 0:
         return epochs
-    return max(1, min(epochs, math.ceil(max_steps / steps_per_epoch)))
+    left = max(0, total_steps - done_steps)
+    return max(1, done_epochs + math.ceil(left / steps_per_epoch))

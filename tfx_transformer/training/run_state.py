@@ -40,29 +40,40 @@ def check_data(state: dict, data: str, run: RunOptions, root) -> tuple[str, dict
 
 
 def needs_training(state: dict, request: dict) -> bool:
-    """False when the recorded fit already covers ``request`` (or is the same request)."""
+    """False when the recorded fit already covers ``request`` (or is the same request).
+
+    A finished fit is covered when its steps reach the request's step bound: ``max_steps``,
+    or ``epochs`` times the recorded epoch length, whichever is smaller. Where the step bound
+    says nothing (a run bounded by its time budget), the same request is covered and any
+    other is not.
+    """
     if state.get("phase", "training") == "training":
         return True
-    epochs, steps = state.get("epochs", 0), state.get("steps", 0)
-    if epochs >= request["epochs"] or (
-            request["max_steps"] is not None and steps >= request["max_steps"]):
+    steps, per_epoch = state.get("steps", 0), state.get("steps_per_epoch")
+    bounds = [request["max_steps"]] if request["max_steps"] is not None else []
+    if per_epoch:
+        bounds.append(request["epochs"] * per_epoch)
+    elif state.get("epochs", 0) >= request["epochs"]:  # a run.json without the epoch length
+        return False
+    if bounds and steps >= min(bounds):
         return False
     return request != state.get("request")
 
 
-def read_run_state(workdir: Workdir, run: RunOptions, strategy) -> tuple[dict, int]:
-    """``(run.json, the epochs the backup holds)``: the chief's on every worker (broadcast by
-    the chief under ``multi_worker``; the others have none), so that all of them take the same
-    path. A worker that went on alone would wait for its peers in `fit` for ever."""
+def read_run_state(workdir: Workdir, run: RunOptions, strategy) -> tuple[dict, int, int]:
+    """``(run.json, the epochs the backup holds, the optimizer steps it holds)``: the chief's
+    on every worker (broadcast by the chief under ``multi_worker``; the others have none), so
+    that all of them take the same path. A worker that went on alone would wait for its peers
+    in `fit` for ever."""
     state = read_state(workdir)
     try:
-        epoch = int(json.loads((workdir.backup / "training_metadata.json").read_text()
-                               ).get("epoch", 0))
+        metadata = json.loads((workdir.backup / "training_metadata.json").read_text())
+        epoch, step = int(metadata.get("epoch", 0)), int(metadata.get("step", 0))
     except (OSError, ValueError, AttributeError):
-        epoch = 0  # none, or broken: `check_workdir` and the restore name it
+        epoch, step = 0, 0  # none, or broken: `check_workdir` and the restore name it
     if run.strategy == "multi_worker":
-        payload = json.dumps({"state": state, "epoch": epoch}).encode("utf-8") \
+        payload = json.dumps({"state": state, "epoch": epoch, "step": step}).encode("utf-8") \
             if is_chief() else None
         received = json.loads(broadcast_from_chief(payload, strategy).decode("utf-8"))
-        state, epoch = received["state"], received["epoch"]
-    return state, epoch
+        state, epoch, step = received["state"], received["epoch"], received["step"]
+    return state, epoch, step

@@ -7,7 +7,7 @@ in this order:
 
 1. ``DIR/checkpoints/epoch-NNN.weights.h5``: the weights alone (what averaging reads);
 2. ``DIR/backup/latest.weights.h5``: weights and optimizer state (what a resumed run reads);
-3. ``DIR/backup/training_metadata.json``: the epoch done.
+3. ``DIR/backup/training_metadata.json``: the epoch done and the optimizer step reached.
 
 So the backup never records an epoch whose checkpoint is missing or cut short. Then the epoch
 checkpoints that ``keep`` does not name are deleted (`tfx_transformer.training.checkpoints.
@@ -155,7 +155,7 @@ class Backup(keras.callbacks.BackupAndRestore):
                 copy_weights_only(tmp, checkpoint)
 
         write_atomically(self._weights_path, write_state)
-        metadata = json.dumps({"epoch": epoch, "batch": self._last_batch_seen})
+        metadata = json.dumps({"epoch": epoch, "batch": self._last_batch_seen, "step": step})
         write_atomically(self._training_metadata_path, lambda tmp: Path(tmp).write_text(metadata))
         for stale in (self._prev_weights_path, self._prev_training_metadata_path):
             Path(stale).unlink(missing_ok=True)  # an earlier version's second backup

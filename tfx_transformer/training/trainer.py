@@ -41,7 +41,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfx_transformer.training.bounds import Progress, ScheduleProgress, plan_epochs
+from tfx_transformer.training.bounds import MaxSteps, Progress, ScheduleProgress, plan_epochs
 from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
 from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.distribute import get_strategy, is_chief
@@ -228,11 +228,18 @@ class Trainer:
              callbacks: Iterable[keras.callbacks.Callback]) -> dict:
         run, workdir = self.run, self.workdir
         self._record(phase="training", request=request, data=spec)
-        epochs = plan_epochs(request["epochs"], run.max_steps, data.steps_per_epoch)
+        # One rule for every continuation: train to the request's step bound, counted from
+        # the steps the backup holds (an epoch cut short by a bound counts as done in Keras).
+        spe, total = data.steps_per_epoch, self.total_steps(task.default_epochs,
+                                                             data.steps_per_epoch)
+        epochs = plan_epochs(request["epochs"], total, spe, self.resume_epoch, self.resume_step)
+        epoch_bound = []
+        if total is not None and spe and (run.max_steps is None or total < run.max_steps) and \
+                self.resume_step + (epochs - self.resume_epoch) * spe > total:
+            epoch_bound = [MaxSteps(total, bound=f"epochs={request['epochs']}")]
         spent = self.fit_seconds
         check_training_space(model, workdir.root)
-        progress = Progress(self.total_steps(task.default_epochs, data.steps_per_epoch),
-                            run.time_budget, spent,
+        progress = Progress(total, run.time_budget, spent,
                             epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
         task_callbacks = list(task.callbacks(self, model))
         all_callbacks = [ScheduleProgress(run.time_budget, spent),
@@ -241,9 +248,10 @@ class Trainer:
                                              keep_backup=True, offset_seconds=spent,
                                              progress=progress,
                                              averaging=getattr(task, "averaging", Averaging()),
-                                             stop_rules=[c for c in task_callbacks
-                                                         if hasattr(c, "reason")]),
-                         *callbacks]
+                                             stop_rules=[*epoch_bound, *(
+                                                 c for c in task_callbacks
+                                                 if hasattr(c, "reason"))]),
+                         *epoch_bound, *callbacks]
         if run.strategy == "multi_worker":  # last: after the restore and the stop rules
             watch = peer_watch()
             all_callbacks.append(WorkerAgreement(self.strategy, on_first_step=lambda: watch.watch(
@@ -260,6 +268,7 @@ class Trainer:
         if metadata.exists():  # also counts the epochs of earlier processes
             epochs_done = json.loads(metadata.read_text()).get("epoch", epochs_done)
         return self._record(phase="trained", epochs=epochs_done, steps=_iterations(model),
+                            steps_per_epoch=spe,
                             train_seconds=round(time.monotonic() - self.started, 1))
 
     def _check_data(self, data: str) -> str:
@@ -279,8 +288,9 @@ class Trainer:
                 "time_budget": self.run.time_budget}
 
     def _read_state(self) -> dict:
-        """`read_run_state`; sets ``resume_epoch`` (0 without a backup)."""
-        state, self.resume_epoch = read_run_state(self.workdir, self.run, self.strategy)
+        """`read_run_state`; sets ``resume_epoch`` and ``resume_step`` (0 without a backup)."""
+        state, self.resume_epoch, self.resume_step = read_run_state(
+            self.workdir, self.run, self.strategy)
         return state
 
     def _record(self, **fields: Any) -> dict:
