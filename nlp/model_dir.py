@@ -76,8 +76,6 @@ def read_model_dir(path: str | os.PathLike):
                              "expected)")
     with open(os.path.join(path, INFO_FILE), encoding="utf-8") as f:
         info = json.load(f)
-    import nlp.model  # noqa: F401  (registers Seq2SeqTransformer)
-
     model = keras.saving.load_model(os.path.join(path, MODEL_FILE), compile=False)
     return model, load_tokenizer(path), DecodingSettings(**info["decoding"]), info
 

@@ -4,13 +4,17 @@
 - `tfx_transformer.training`: what both trainers share (TensorFlow allowed): strategy,
   precision, time and step bounds, checkpoints, the work directory, the `Trainer`.
 
-The names below are the layers' and the learning-rate schedules'. They are imported on first
+Importing it registers every class the project saves with Keras (`tfx_transformer.registry`),
+so ``keras.saving.load_model`` reads the project's ``.keras`` files. The names below are the
+layers' and the learning-rate schedules'. They are imported on first
 use (``tt.MultiHeadAttention``, ``from tfx_transformer import ...``), so that importing this
 package loads no TensorFlow: the commands (`tfx_transformer.training.quiet`) silence
 TensorFlow's start-up lines before it is imported.
 """
 
 import importlib
+
+from tfx_transformer.registry import register_lazily
 
 _SCHEDULES = ("BudgetSchedule", "NoamSchedule")
 _SUBMODULES = ("layers", "training")
@@ -40,6 +44,18 @@ LAYER_NAMES = (
 )
 
 __all__ = [*LAYER_NAMES, *_SCHEDULES]
+
+# What `keras.saving.load_model` may meet in a saved file, by the module that registers it.
+register_lazily({f"tfx_transformer>{name}": f"tfx_transformer.{module}" for module, names in {
+    "layers.attention": ("MultiHeadAttention",),
+    "layers.feedforward": ("FeedForward",),
+    "layers.position": ("LearnedPositionEmbedding", "SinePositionEmbedding2D",
+                        "SinusoidalPositionEncoding"),
+    "layers.encoder": ("TransformerEncoder", "TransformerEncoderLayer"),
+    "layers.decoder": ("TransformerDecoder", "TransformerDecoderLayer"),
+    "training.schedules": ("BudgetSchedule", "NoamSchedule", "StepDropSchedule"),
+    "training.distribute": ("GlobalClipAdam",),
+}.items() for name in names})
 
 
 def __getattr__(name: str):

@@ -9,4 +9,21 @@
 - `vision.config` (``DetrConfig`` and presets) and `vision.plots` join them.
 """
 
+from tfx_transformer.registry import register_lazily
+
+# Importing the package registers the classes a run saves with Keras (`tfx_transformer.
+# registry`): ``keras.saving.load_model("runs/detr/model.keras")`` reads a run's model.
+register_lazily({f"vision>{name}": f"vision.{module}" for module, names in {
+    "modeling.detr": ("DETR",),
+    "modeling.backbone": ("TinyBackbone", "ValidBatchNorm"),
+    "modeling.resnet": ("ResNetBackbone",),
+    "modeling.heads": ("MLP",),
+    "modeling.denoising": ("ContrastiveDenoising",),
+    "modeling.queries": ("LearnedQueries", "MixedQueries", "ReferenceQueries",
+                         "TwoStageQueries"),
+    "matching.matcher": ("HungarianMatcher",),
+    "matching.losses": ("SetCriterion",),
+    "training.optimizer": ("DetrAdamW",),
+}.items() for name in names})
+
 __all__: list[str] = []

@@ -128,6 +128,25 @@ def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported):
     assert json.loads(bare.stdout.strip().splitlines()[-1]) == [texts, []]
 
 
+def test_the_converted_model_keras_loads_after_import_nlp_with_the_references_logits(
+        exported, references, tmp_path):
+    # What a Keras user does with the converter's model.keras: `import nlp`, then load it.
+    _, out = exported
+    _, arrays, _ = references("separate")
+    np.savez(tmp_path / "inputs.npz", source=arrays["input_ids"],
+             target=arrays["decoder_input_ids"])
+    code = ("import sys, numpy as np, nlp, keras\n"
+            "model = keras.saving.load_model(sys.argv[1])\n"
+            "inputs = np.load(sys.argv[2])\n"
+            "memory, mask = model.encode(inputs['source'])\n"
+            "np.save(sys.argv[3], keras.ops.convert_to_numpy(model.decode(inputs['target'], "
+            "memory, mask)))")
+    subprocess.run([sys.executable, "-c", code, str(out / "model.keras"),
+                    str(tmp_path / "inputs.npz"), str(tmp_path / "logits.npy")], check=True,
+                   capture_output=True)
+    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), arrays["logits"], atol=1e-4)
+
+
 def test_source_tokenization_equals_marian_tokenizer(converted):
     _, expected, _, tokenizer, _ = converted
     cases = expected["tokenization"]

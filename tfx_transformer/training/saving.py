@@ -34,7 +34,7 @@ from tfx_transformer.training.h5files import (
 )
 
 __all__ = ["Backup", "NonFiniteWeightsError", "StateSizes", "check_export", "check_finite",
-           "check_training_space", "require_space"]
+           "check_training_space", "require_space", "save_model_file"]
 
 _MIB = 2**20
 
@@ -184,4 +184,11 @@ def check_export(model: keras.Model, directory: str | os.PathLike) -> None:
     """Before an export: finite weights, and room on the disk of ``directory`` for an export
     of about the size of the weights (the export's variables)."""
     check_finite(model, "before the export", "the backup and checkpoints are kept")
-    require_space(directory, StateSizes(model).weights, "the export")
+    sizes = StateSizes(model)
+    require_space(directory, 2 * sizes.weights + sizes.state, "the export and model.keras")
+
+
+def save_model_file(model: keras.Model, path: str | os.PathLike) -> Path:
+    """``model.save(path)`` through a temporary file and a rename: the exported weights in
+    Keras's own format (with the optimizer's state), for ``keras.saving.load_model``."""
+    return write_atomically(path, model.save)

@@ -48,7 +48,7 @@ from tfx_transformer.training.distribute import get_strategy, is_chief
 from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
 from tfx_transformer.training.run_state import check_data, needs_training, read_run_state
-from tfx_transformer.training.saving import check_export, check_training_space
+from tfx_transformer.training.saving import check_export, check_training_space, save_model_file
 from tfx_transformer.training.task import Task, TaskData  # re-exported
 from tfx_transformer.training.workdir import (
     Workdir,
@@ -141,8 +141,9 @@ class Trainer:
            recorded fit already covers the request: the weights then come from the backup.
         5. Non-chief workers stop here and return ``{}``: only the chief writes.
         6. ``task.final_weights`` (if the task has it) sets the weights to export and
-           evaluate; ``task.export`` writes the SavedModel (unless recorded as done) once
-           the weights are found finite and the disk has room (`check_export`).
+           evaluate; ``task.export`` writes the SavedModel and the trainer ``DIR/model.keras``
+           (unless recorded as done) once the weights are found finite and the disk has
+           room (`check_export`).
         7. ``task.evaluate`` returns the ``metrics.json`` entries, ``"valid"`` among them;
            they and ``train_seconds`` are merged into ``metrics.json``. ``DIR/run.json``
            records each phase as it ends; the backup is kept.
@@ -214,6 +215,7 @@ class Trainer:
             check_export(model, self.workdir.root)
             inject_fault("export")
             task.export(model, self.workdir.export)
+            save_model_file(model, self.workdir.model)
             state = self._record(phase="exported", export_steps=state["steps"])
             self.log(f"export: {self.workdir.export} ({state['steps']} steps)")
         inject_fault("evaluate")

@@ -70,6 +70,7 @@ class Workdir:
 
     checkpoints = property(lambda self: self.root / "checkpoints")
     export = property(lambda self: self.root / "export")
+    model = property(lambda self: self.root / "model.keras")
     logs = property(lambda self: self.root / "logs")
     backup = property(lambda self: self.root / "backup")
     metrics = property(lambda self: self.root / "metrics.json")
