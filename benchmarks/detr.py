@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 from vision.config import preset  # noqa: E402
 from vision.matching.matcher import HungarianMatcher  # noqa: E402
 from vision.modeling.detr import build_criterion, build_model  # noqa: E402
-from vision.training.optimizer import build_optimizer  # noqa: E402
+from vision.modeling.optimizer import build_optimizer  # noqa: E402
 
 PEER_TINY_B16_S = 0.34  # facebookresearch/detr's reference CPU run (PyTorch, 2 threads)
 SETTINGS = {  # name: (preset, batch, image side, objects per image)

@@ -98,7 +98,7 @@ def train_case(name: str, repeats: int) -> dict:
 
     from vision.config import preset
     from vision.modeling.detr import build_criterion, build_model
-    from vision.training.optimizer import build_optimizer
+    from vision.modeling.optimizer import build_optimizer
 
     batch, side, overrides = SETTINGS[name]
     rng = np.random.default_rng(0)

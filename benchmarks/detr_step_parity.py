@@ -217,7 +217,7 @@ def main(argv=None) -> int:
         from vision.modeling.detr import build_criterion
         from vision.pretrained import load_reference_checkpoint
         from vision.reference import read_reference
-        from vision.training.optimizer import build_optimizer
+        from vision.modeling.optimizer import build_optimizer
 
         m = max(len(t["labels"]) for t in targets)
         y = {"labels": np.zeros((args.batch, m), "int32"),

@@ -62,7 +62,7 @@ def _nmt():
 def _detr():
     from vision.config import preset
     from vision.modeling.detr import build_criterion, build_model
-    from vision.training.optimizer import build_optimizer
+    from vision.modeling.optimizer import build_optimizer
 
     batch, side, objects = 16, 128, 4
     config = preset("tiny", batch_size=batch, image_size=side, max_image_size=side)

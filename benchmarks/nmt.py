@@ -39,7 +39,7 @@ from nlp import decoding  # noqa: E402
 from nlp.config import preset  # noqa: E402
 from nlp.model import build_model  # noqa: E402
 from nlp.special_ids import EOS_ID  # noqa: E402
-from tfx_transformer.training.distribute import GlobalClipAdam  # noqa: E402
+from tfx_transformer.replicas import GlobalClipAdam  # noqa: E402
 
 VOCAB, LENGTH = 8000, 40
 SIZES = {"tiny": 64, "base": 16}  # batch size per preset

@@ -66,7 +66,7 @@ def _nmt(preset_name: str, batch: int):
 def _detr(preset_name: str = "tiny", batch: int = 16, side: int = 128, objects: int = 4):
     from vision.config import preset
     from vision.modeling.detr import build_criterion, build_model
-    from vision.training.optimizer import build_optimizer
+    from vision.modeling.optimizer import build_optimizer
 
     config = preset(preset_name, batch_size=batch, image_size=side, max_image_size=side)
     rng = np.random.default_rng(0)

@@ -20,6 +20,7 @@ from nlp.evaluate import evaluate
 from nlp.export import make_translate_fn
 from nlp.tokenizer import Tokenizer
 from tfx_transformer import checks
+from tfx_transformer.training.bounds import StopRule
 from tfx_transformer.training.checkpoints import best_epoch
 from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.workdir import Workdir, read_metrics
@@ -64,7 +65,7 @@ class ValidationScores(keras.callbacks.Callback):
         logs["val_bleu"], logs["val_chrf"] = float(scores["bleu"]), float(scores["chrf"])
 
 
-class Patience(keras.callbacks.Callback):
+class Patience(StopRule):
     """Stops `fit` once ``monitor`` has not improved for ``patience`` epochs.
 
     The epochs of earlier processes of the run count too: they are read from

@@ -7,7 +7,7 @@ from keras import ops
 
 from nlp.special_ids import PAD_ID
 from tfx_transformer import checks
-from tfx_transformer.training.distribute import replica_sum
+from tfx_transformer.replicas import replica_sum
 
 __all__ = ["MaskedLabelSmoothedCrossEntropy", "MaskedAccuracy"]
 
@@ -22,7 +22,7 @@ class MaskedLabelSmoothedCrossEntropy(keras.losses.Loss):
 
     Under a `tf.distribute` strategy with several replicas the count ``Σ [y ≠ pad]`` is that
     of the global batch (summed over the replicas,
-    `tfx_transformer.training.distribute.replica_sum`):
+    `tfx_transformer.replicas.replica_sum`):
     each replica returns its share of the global mean, so the replicas' losses add up to it
     and their gradients, which Keras sums, are the single-device gradients of the global
     batch. (Keras's trainer reports the loss multiplied by the number of replicas and

@@ -10,7 +10,7 @@ from keras import ops
 import tfx_transformer as tt
 from nlp.config import NMTConfig
 from nlp.special_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from tfx_transformer.training.distribute import OptimizerBuiltFirst
+from tfx_transformer.replicas import OptimizerBuiltFirst
 
 __all__ = ["Seq2SeqTransformer", "build_model"]
 

@@ -28,6 +28,7 @@ __all__ = [
     "INPUT_KEY",
     "NBEST",
     "NotATranslatorError",
+    "describe_export",
     "OUTPUT_KEY",
     "SCORES_KEY",
     "SERVING",
@@ -82,6 +83,12 @@ def check_export_dir(path: str) -> None:
         if os.path.isfile(os.path.join(path, "export", "saved_model.pb")):
             hint = f"(a work directory? its export is {os.path.join(path, 'export')})"
         raise NotATranslatorError(path, f"has no saved_model.pb, so it is no export {hint}")
+
+
+def describe_export(path: str | os.PathLike) -> dict:
+    """What the server's page shows of a translator export (``beam_size``), read without
+    loading it (the ``translator`` entry of `tfx_transformer.applications.EXPORTS`)."""
+    return {"beam_size": read_info(path)["beam_size"]}
 
 
 def read_info(path: str | os.PathLike) -> dict:

@@ -28,10 +28,10 @@ from nlp.tokenizer import TOKENIZER_FILE, Tokenizer
 from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.training.checkpoints import Averaging
-from tfx_transformer.training.distribute import GlobalClipAdam
+from tfx_transformer.replicas import GlobalClipAdam
 from tfx_transformer.training.h5files import write_atomically
 from tfx_transformer.training.run import RunOptions
-from tfx_transformer.training.trainer import TaskData, Trainer
+from tfx_transformer.training.trainer import RunContext, Task, TaskData, Trainer
 
 __all__ = ["DEFAULT_EPOCHS", "TranslationTask", "build_tokenizer", "compile_model",
            "count_batches", "make_schedule", "train_nmt"]
@@ -153,7 +153,7 @@ def compile_model(model, config: NMTConfig, jit_compile: bool = True,
     return schedule
 
 
-class TranslationTask:
+class TranslationTask(Task):
     """Translation as a `tfx_transformer.training.trainer.Task`: what `train_nmt` runs.
 
     Args:
@@ -178,7 +178,7 @@ class TranslationTask:
         self.averaging = Averaging(config.average_last,
                                    "val_bleu" if config.patience is not None else None)
 
-    def load_data(self, trainer: Trainer) -> TaskData:
+    def load_data(self, context: RunContext) -> TaskData:
         """The pairs, the tokenizer (trained, or the work directory's) and the batches."""
         data, config, run, log = self.data, self.config, self.run, self.log
         self.train_pairs = load_pairs(data, "train", valid_fraction=run.valid_fraction,
@@ -202,10 +202,10 @@ class TranslationTask:
                                             config.max_length)
 
         if self.initial is not None:
-            self.tokenizer = workdir_tokenizer(self.initial, trainer.workdir.root, log)
+            self.tokenizer = workdir_tokenizer(self.initial, context.workdir.root, log)
             count(self.tokenizer)
         else:
-            self.tokenizer = build_tokenizer(str(trainer.workdir.root / TOKENIZER_FILE),
+            self.tokenizer = build_tokenizer(str(context.workdir.root / TOKENIZER_FILE),
                                              self.train_pairs, config.vocab_size, log,
                                              check=count)
         (self.kept, self.dropped, train_steps), valid_steps = counts["train"], counts["valid"][2]
@@ -215,19 +215,19 @@ class TranslationTask:
             ds = tf.data.Dataset.from_tensor_slices(([s for s, _ in pairs],
                                                      [t for _, t in pairs]))
             ds = make_batches(ds, self.tokenizer, config.batch_tokens, config.max_length,
-                              shuffle=shuffle, seed=trainer.data_seed,
+                              shuffle=shuffle, seed=context.data_seed,
                               pad_to_bucket_boundary=run.jit_compile,
-                              num_replicas=trainer.replicas)[0]
+                              num_replicas=context.replicas)[0]
             # A known length: Keras then ends each epoch there, without "ran out of data".
             return ds.apply(tf.data.experimental.assert_cardinality(steps))
 
         valid = batches(self.valid_pairs, False, valid_steps) if valid_steps else None
         return TaskData(batches(self.train_pairs, True, train_steps), valid, train_steps)
 
-    def build_model(self, trainer: Trainer, data: TaskData) -> keras.Model:
+    def build_model(self, context: RunContext, data: TaskData) -> keras.Model:
         """The `Seq2SeqTransformer`, compiled (`compile_model`) on the run's schedule."""
         config, run = self.config, self.run
-        total_steps = trainer.total_steps(DEFAULT_EPOCHS, data.steps_per_epoch)
+        total_steps = context.total_steps(data.steps_per_epoch)
         if self.initial is not None:  # a resumed run then loads its own state over it
             model = self.initial.model
         else:
@@ -243,7 +243,7 @@ class TranslationTask:
                      f"{config.peak_learning_rate:.2e}, then linear decay to 0")
         return model
 
-    def callbacks(self, trainer: Trainer, model: keras.Model) -> list:
+    def callbacks(self, context: RunContext, model: keras.Model) -> list:
         """Per-epoch validation BLEU (``valid_sentences``, on with ``patience``), patience."""
         config, watch = self.config, []
         sentences = config.valid_sentences or (100 if config.patience is not None else 0)
@@ -253,12 +253,12 @@ class TranslationTask:
         if config.patience is not None:
             if not validating:
                 raise ValueError("`patience` needs held-out pairs (it stops on their val_bleu)")
-            watch.append(Patience(trainer.workdir, config.patience, log=self.log))
+            watch.append(Patience(context.workdir, config.patience, log=self.log))
         return watch
 
-    def final_weights(self, trainer: Trainer, model: keras.Model) -> str:
+    def final_weights(self, context: RunContext, model: keras.Model) -> str:
         """The mean of the last epochs' weights (``average_last``), or the best epoch."""
-        return self.averaging.choose(model, trainer.workdir)
+        return self.averaging.choose(model, context.workdir)
 
     def export(self, model: keras.Model, path) -> None:
         export_translator(model, self.tokenizer, path, self.config.decoding)

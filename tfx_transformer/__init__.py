@@ -54,7 +54,7 @@ register_lazily({f"tfx_transformer>{name}": f"tfx_transformer.{module}" for modu
     "layers.encoder": ("TransformerEncoder", "TransformerEncoderLayer"),
     "layers.decoder": ("TransformerDecoder", "TransformerDecoderLayer"),
     "training.schedules": ("BudgetSchedule", "NoamSchedule", "StepDropSchedule"),
-    "training.distribute": ("GlobalClipAdam",),
+    "replicas": ("GlobalClipAdam",),
 }.items() for name in names})
 
 

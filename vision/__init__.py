@@ -4,7 +4,7 @@
 - `vision.modeling`: the model (``keras.ops`` only): backbone, query strategies, decoder-side
   refinement, heads, box maths, post-processing.
 - `vision.matching`: the Hungarian matcher, its solvers and the set loss.
-- `vision.training`: optimizer, ``train_detr``, evaluation and the SavedModel export.
+- `vision.training`: ``train_detr``, evaluation and the SavedModel export.
 - `vision.serving`: loading an export (``load_detector``), with TensorFlow alone.
 - `vision.config` (``DetrConfig`` and presets) and `vision.plots` join them.
 """
@@ -23,7 +23,7 @@ register_lazily({f"vision>{name}": f"vision.{module}" for module, names in {
                          "TwoStageQueries"),
     "matching.matcher": ("HungarianMatcher",),
     "matching.losses": ("SetCriterion",),
-    "training.optimizer": ("DetrAdamW",),
+    "modeling.optimizer": ("DetrAdamW",),
 }.items() for name in names})
 
 __all__: list[str] = []

@@ -29,6 +29,7 @@ __all__ = [
     "IMAGES_KEY",
     "OUTPUT_KEYS",
     "SERVING",
+    "describe_export",
     "load_detector",
     "read_classes",
 ]
@@ -73,6 +74,12 @@ def read_classes(path: str | os.PathLike) -> tuple[tuple[str, ...], list[int] | 
     if not os.path.isfile(classes):
         raise ValueError(f"{classes} is missing: the export has no class names.")
     return _read_classes(classes)
+
+
+def describe_export(path: str | os.PathLike) -> dict:
+    """What the server's page shows of a detector export (``class_names``), read without
+    loading it (the ``detector`` entry of `tfx_transformer.applications.EXPORTS`)."""
+    return {"class_names": list(read_classes(path)[0])}
 
 
 def _signature(path: str, signatures, name: str):

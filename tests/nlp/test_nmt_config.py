@@ -110,7 +110,7 @@ def test_config_is_frozen():
 def test_clip_norm_flag_clips_the_global_gradient_norm(monkeypatch, capsys):
     import nlp.commands.train as command
     from nlp.train import compile_model
-    from tfx_transformer.training.distribute import GlobalClipAdam
+    from tfx_transformer.replicas import GlobalClipAdam
 
     seen = {}
     monkeypatch.setattr(command, "train_nmt",

@@ -25,13 +25,16 @@ from nlp.data.embedded import generate_pairs
 from nlp.tokenizer import Tokenizer
 from nlp.train import build_tokenizer, count_batches
 from nlp.vocabulary import train_tokenizer
-from tfx_transformer.training.distribute import (
-    broadcast_from_chief,
+from tfx_transformer.replicas import (
+    GlobalClipAdam,
     clip_by_global_norm_of_sum,
-    get_strategy,
-    is_chief,
     num_replicas,
     replica_sum,
+)
+from tfx_transformer.training.distribute import (
+    broadcast_from_chief,
+    get_strategy,
+    is_chief,
     task_index,
     tf_config,
 )
@@ -99,8 +102,8 @@ MIRRORED_STEPS = textwrap.dedent("""
     two = [tf.config.LogicalDeviceConfiguration()] * 2
     tf.config.set_logical_device_configuration(cpu, two)
     import keras
-    from tfx_transformer.training.distribute import (clip_by_global_norm_of_sum, get_strategy,
-                                            num_replicas, replica_sum)
+    from tfx_transformer.replicas import clip_by_global_norm_of_sum, num_replicas, replica_sum
+    from tfx_transformer.training.distribute import get_strategy
 """) + inspect.getsource(FakeTokenizer) + textwrap.dedent("""
     mirrored = get_strategy("mirrored")  # one: another one's collectives would clash
     assert mirrored.num_replicas_in_sync == 2, mirrored.extended.worker_devices
@@ -164,7 +167,7 @@ MIRRORED_STEPS = textwrap.dedent("""
 
     from vision.config import preset as detr_preset
     from vision.modeling.detr import build_criterion, build_model as build_detr
-    from vision.training.optimizer import build_optimizer
+    from vision.modeling.optimizer import build_optimizer
 
     detr = detr_preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=4,
                        num_encoder_layers=1, num_decoder_layers=1, tiny_filters=(8, 16),
@@ -254,7 +257,7 @@ def test_global_clip_adam_steps_as_keras_adam_dense_and_sparse():
     start = [rng.standard_normal(shape).astype("float32") for shape in ((4, 3), 5)]
     results = []
     for optimizer in (keras.optimizers.Adam(1e-2, beta_2=0.98, epsilon=1e-6, global_clipnorm=1.0),
-                      distribute.GlobalClipAdam(1e-2, beta_2=0.98, epsilon=1e-6,
+                      GlobalClipAdam(1e-2, beta_2=0.98, epsilon=1e-6,
                                                 global_clipnorm=1.0)):
         variables = [keras.Variable(w) for w in start]
         grads_rng = np.random.default_rng(1)

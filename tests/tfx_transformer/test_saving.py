@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tfx_transformer.training import saving
+from tfx_transformer.training import task as trainer_task
 from tfx_transformer.training.callbacks import standard_callbacks
 from tfx_transformer.training.checkpoints import Averaging, choose_weights, epoch_checkpoints
 from tfx_transformer.training.cli import run_cli
@@ -58,7 +59,7 @@ def _loads_finite(path):
     return all(np.isfinite(w).all() for w in model.get_weights())
 
 
-class Task:
+class Task(trainer_task.Task):
     """A regression task for `Trainer`; ``exported`` counts the exports."""
 
     data, default_epochs, state_files = "embedded", 2, ()
@@ -66,14 +67,14 @@ class Task:
     def __init__(self, learning_rate=0.1, steps=3):
         self.learning_rate, self.steps, self.exported = learning_rate, steps, 0
 
-    def load_data(self, trainer):
+    def load_data(self, context):
         ds = tf.data.Dataset.from_tensor_slices((X, Y)).batch(len(X) // self.steps)
         return TaskData(ds, None, self.steps)
 
-    def build_model(self, trainer, data):
+    def build_model(self, context, data):
         return _model(self.learning_rate)
 
-    def callbacks(self, trainer, model):
+    def callbacks(self, context, model):
         return []
 
     def export(self, model, path):
@@ -100,7 +101,7 @@ def test_the_checkpoint_is_complete_before_the_backup_records_its_epoch(tmp_path
     monkeypatch.setattr(saving, "copy_weights_only", killed_after_the_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         _fit(tmp_path, 2)
-    assert seen == [{"epoch": 1, "batch": 0}]  # the backup still says epoch 1 ...
+    assert seen == [{"epoch": 1, "batch": 0, "step": 3}]  # the backup still says epoch 1 ...
     assert _loads_finite(tmp_path / "checkpoints" / "epoch-002.weights.h5")  # ... 2 is whole
     assert not list(tmp_path.rglob(".tmp-*"))  # the backup's temporary file went too
 
@@ -239,7 +240,7 @@ def test_free_space_is_checked_at_start_and_before_the_export(tmp_path, monkeypa
     monkeypatch.setattr(saving.shutil, "disk_usage", FreeSpace(after=2))
     task = Task()
     code, err = _cli(Trainer(tmp_path, RunOptions(epochs=1)), task, capsys)
-    assert code == 2 and "free on its disk, the export needs about" in err
+    assert code == 2 and "free on its disk, the export with model.keras needs about" in err
     assert task.exported == 0 and read_state(tmp_path)["phase"] == "trained"
     monkeypatch.setattr(saving.shutil, "disk_usage", FreeSpace(after=10**9))
     code, _ = _cli(Trainer(tmp_path, RunOptions(epochs=1)), task, capsys)  # space again

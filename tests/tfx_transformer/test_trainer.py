@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from tfx_transformer.training.callbacks import NonFiniteLossError
 from tfx_transformer.training.run import RunOptions
-from tfx_transformer.training.trainer import TaskData, Trainer
+from tfx_transformer.training.trainer import Task, TaskData, Trainer
 from tfx_transformer.training.workdir import read_metrics, read_state
 
 X = np.arange(48, dtype="float32").reshape(12, 4) / 48.0
@@ -41,7 +41,7 @@ class Events(keras.callbacks.Callback):
         self.log.append(f"{self.name}: end")
 
 
-class ToyTask:
+class ToyTask(Task):
     """A regression task with every hook; ``events`` records what the trainer calls."""
 
     state_files = ("tokenizer.model",)
@@ -53,16 +53,16 @@ class ToyTask:
         if final:
             self.final_weights = self._final_weights
 
-    def load_data(self, trainer):
+    def load_data(self, context):
         self.events.append("load_data")
         return TaskData(_data(), _data(), self.steps)
 
-    def build_model(self, trainer, data):
+    def build_model(self, context, data):
         self.events.append(f"build_model in {type(tf.distribute.get_strategy()).__name__}")
-        self.events.append(("fresh", trainer.fresh))
+        self.events.append(("fresh", context.fresh))
         return _model()
 
-    def callbacks(self, trainer, model):
+    def callbacks(self, context, model):
         task = self
 
         class Steps(keras.callbacks.Callback):
@@ -73,7 +73,7 @@ class ToyTask:
 
         return [Steps(), *self.extra]
 
-    def _final_weights(self, trainer, model):
+    def _final_weights(self, context, model):
         self.events.append("final_weights")
         return "the last epoch"
 
@@ -134,7 +134,7 @@ def test_fit_loads_builds_fits_exports_evaluates_and_writes_once(tmp_path):
 
 def test_data_of_unknown_length_trains_whole_epochs_without_a_warning(tmp_path):
     class Unsized(ToyTask):  # a filter: tf.data (and Keras) cannot know the batches up front
-        def load_data(self, trainer):
+        def load_data(self, context):
             data = _data().filter(lambda x, y: True)
             assert data.cardinality() == tf.data.UNKNOWN_CARDINALITY
             return TaskData(data, None, 3)
@@ -153,13 +153,13 @@ def test_the_trainer_tells_a_run_schedule_the_share_of_the_time_budget(tmp_path,
     seen = []
 
     class Scheduled(ToyTask):
-        def build_model(self, trainer, data):
+        def build_model(self, context, data):
             model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
             self.schedule = BudgetSchedule(0.1, total_steps=None, warmup_share=0.0)
             model.compile(optimizer=keras.optimizers.SGD(self.schedule), loss="mse")
             return model
 
-        def callbacks(self, trainer, model):
+        def callbacks(self, context, model):
             task = self
 
             class Watch(keras.callbacks.Callback):
@@ -320,7 +320,8 @@ def test_restart_moves_the_earlier_run_aside_and_keeps_its_export(tmp_path):
     assert (tmp_path / "export" / "steps").read_text() == "6"
     assert read_state(tmp_path)["phase"] == "trained"  # the new run's own run.json
     assert sorted(os.listdir(tmp_path)) == ["backup", "checkpoints", "export", "logs",
-                                            "metrics.json", "previous-1", "run.json"]
+                                            "metrics.json", "model.keras", "previous-1",
+                                            "run.json"]  # the export and model.keras stay
     assert "valid" not in read_metrics(tmp_path)  # the new run's history only
 
 
@@ -407,14 +408,14 @@ def test_a_second_process_on_a_work_directory_fails_at_once(tmp_path):
 
 
 class Broken(ToyTask):
-    def load_data(self, trainer):
+    def load_data(self, context):
         raise ValueError("--data tsv:c: line 3: bad line")
 
 
 def test_the_data_and_its_split_are_recorded_before_the_task_loads_them(tmp_path):
     class Fails(ToyTask):
-        def load_data(self, trainer):  # Ctrl-C once the tokenizer is written
-            (trainer.workdir.root / "tokenizer.model").write_text("trained on tsv:a")
+        def load_data(self, context):  # Ctrl-C once the tokenizer is written
+            (context.workdir.root / "tokenizer.model").write_text("trained on tsv:a")
             raise KeyboardInterrupt
 
     with pytest.raises(ValueError, match="bad line"):  # bad data, nothing written: no record

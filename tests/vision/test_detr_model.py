@@ -8,13 +8,13 @@ import pytest
 from safetensors.numpy import save_file
 from scipy.optimize import linear_sum_assignment
 
-import vision.training.set_loss as set_loss_module
+import vision.modeling.set_loss as set_loss_module
 from vision.config import preset
 from vision.matching.losses import SetCriterion
 from vision.modeling.backbone import ResNetBackbone, TinyBackbone, build_backbone
 from vision.modeling.detr import DETR, DetrOutput, build_criterion, build_model
 from vision.modeling.postprocess import postprocess
-from vision.training.optimizer import DetrAdamW, build_optimizer
+from vision.modeling.optimizer import DetrAdamW, build_optimizer
 
 NUM_CLASSES = 3
 # A small variant of the tiny preset (same structure, stride 16) for the slower tests.

@@ -26,6 +26,7 @@ from tfx_transformer.training.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported (by the exports' checks)
 
+from tfx_transformer.applications import EXPORTS, registered  # noqa: E402
 from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
 
 __all__ = ["main"]
@@ -65,25 +66,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _models(args) -> list[dict]:
-    """The served models (name, kind, path and what the page shows), their exports checked."""
-    from nlp.serving import read_info
-    from vision.serving import read_classes
-
+    """The served models (name, kind, path and what the page shows), their exports checked by
+    the application that made them (`tfx_transformer.applications`)."""
+    describe = registered(EXPORTS)
     models = []
-    if args.translator:
+    for kind in ("translator", "detector"):
+        path = getattr(args, kind)
+        if not path:
+            continue
         try:
-            info = read_info(args.translator)
+            shown = describe[kind](path)
         except ValueError as error:
-            raise ValueError(f"--translator {error}") from None
-        models.append({"name": args.name_translator, "kind": "translator",
-                       "path": os.path.abspath(args.translator), "beam_size": info["beam_size"]})
-    if args.detector:
-        try:
-            names, _ = read_classes(args.detector)
-        except ValueError as error:
-            raise ValueError(f"--detector {error}") from None
-        models.append({"name": args.name_detector, "kind": "detector",
-                       "path": os.path.abspath(args.detector), "class_names": list(names)})
+            raise ValueError(f"--{kind} {error}") from None
+        models.append({"name": getattr(args, f"name_{kind}"), "kind": kind,
+                       "path": os.path.abspath(path), **shown})
     if not models:
         raise ValueError("nothing to serve: give --translator DIR and/or --detector DIR")
     for flag, name in (("--name-translator", args.name_translator),

@@ -18,10 +18,18 @@ import keras
 
 from tfx_transformer.training.distribute import is_chief
 
-__all__ = ["MaxSteps", "Progress", "TimeBudget", "ScheduleProgress", "plan_epochs"]
+__all__ = ["MaxSteps", "Progress", "ScheduleProgress", "StopRule", "TimeBudget", "plan_epochs"]
 
 
-class TimeBudget(keras.callbacks.Callback):
+class StopRule(keras.callbacks.Callback):
+    """A callback that may end `fit` early: once it does, ``stopped`` is True and ``reason``
+    says why (`tfx_transformer.training.callbacks.MetricsLogger` records it)."""
+
+    stopped: bool = False
+    reason: str | None = None
+
+
+class TimeBudget(StopRule):
     """Stops `fit` cleanly at the first batch end once ``minutes`` of training are spent.
 
     The clock starts at ``on_train_begin``; ``offset_seconds`` is the training time that
@@ -199,7 +207,7 @@ class Progress(keras.callbacks.Callback):
         stream.flush()
 
 
-class MaxSteps(keras.callbacks.Callback):
+class MaxSteps(StopRule):
     """Stops `fit` once the optimizer has taken ``max_steps`` steps in total.
 
     Steps count from ``model.optimizer.iterations`` at train begin, so a run resumed by

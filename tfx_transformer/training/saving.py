@@ -185,7 +185,7 @@ def check_export(model: keras.Model, directory: str | os.PathLike) -> None:
     of about the size of the weights (the export's variables)."""
     check_finite(model, "before the export", "the backup and checkpoints are kept")
     sizes = StateSizes(model)
-    require_space(directory, 2 * sizes.weights + sizes.state, "the export and model.keras")
+    require_space(directory, 2 * sizes.weights + sizes.state, "the export with model.keras")
 
 
 def save_model_file(model: keras.Model, path: str | os.PathLike) -> Path:

@@ -14,19 +14,8 @@ says so and changes nothing. A larger ``epochs`` or ``max_steps`` continues a fi
 from its last state; ``RunOptions.restart`` starts over (the earlier run's files move to
 ``DIR/previous-N/``; its ``export/`` stays until the new export replaces it).
 
-The protocol, in ten lines::
-
-    class MyTask:                      # what `Trainer.fit` calls, in this order
-        data = "embedded"              # the --data spec, recorded in run.json
-        default_epochs = 10            # epochs of a run bounded by nothing else
-        state_files = ()               # the task's own files moved aside by --restart
-        averaging = Averaging(3)       # optional: what is exported, so which checkpoints kept
-        def load_data(self, trainer) -> TaskData: ...
-        def build_model(self, trainer, data) -> keras.Model: ...   # built and compiled
-        def callbacks(self, trainer, model) -> list: ...           # before the standard ones
-        def final_weights(self, trainer, model) -> str: ...        # optional
-        def export(self, model, path) -> None: ...
-        def evaluate(self, model) -> dict: ...                     # "valid" among the entries
+The `Task` protocol, and the `RunContext` a task gets, are in
+`tfx_transformer.training.task`.
 """
 
 from __future__ import annotations
@@ -41,15 +30,20 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfx_transformer.training.bounds import MaxSteps, Progress, ScheduleProgress, plan_epochs
+from tfx_transformer.training.bounds import (
+    MaxSteps,
+    Progress,
+    ScheduleProgress,
+    StopRule,
+    plan_epochs,
+)
 from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
-from tfx_transformer.training.checkpoints import Averaging
-from tfx_transformer.training.distribute import get_strategy, is_chief
+from tfx_transformer.training.distribute import get_strategy, is_chief, tf_config
 from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
 from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
 from tfx_transformer.training.run_state import check_data, needs_training, read_run_state
 from tfx_transformer.training.saving import check_export, check_training_space, save_model_file
-from tfx_transformer.training.task import Task, TaskData  # re-exported
+from tfx_transformer.training.task import RunContext, Task, TaskData  # re-exported
 from tfx_transformer.training.workdir import (
     Workdir,
     check_workdir,
@@ -60,9 +54,15 @@ from tfx_transformer.training.workdir import (
     write_metrics,
     write_state,
 )
-from tfx_transformer.training.workers import WorkerAgreement, chief_address, peer_watch, watched
+from tfx_transformer.training.workers import (
+    WorkerAgreement,
+    chief_address,
+    peer_watch,
+    start_peer_watch,
+    watched,
+)
 
-__all__ = ["Task", "TaskData", "Trainer"]
+__all__ = ["RunContext", "Task", "TaskData", "Trainer"]
 
 
 class Trainer:
@@ -81,9 +81,6 @@ class Trainer:
         strategy: the `tf.distribute.Strategy` the model is built under.
         workdir: the `Workdir`.
         run: the `RunOptions`.
-        fresh: set when `fit` builds the model: whether it trains from a new model (no
-            earlier epoch or finished training of this run to start from), so a task may set
-            initial weights then (`Task.build_model`).
     """
 
     def __init__(self, workdir: str | os.PathLike, run: RunOptions,
@@ -95,10 +92,14 @@ class Trainer:
                              "each worker measures its own time, so they would stop at "
                              "different steps; bound it with `--max-steps` or `--epochs`")
         self.started = time.monotonic()
+        if run.strategy == "multi_worker":  # a chief gone while the strategy connects ends
+            start_peer_watch(tf_config())   # this worker too (`workers.PeerWatch`)
         self.strategy: tf.distribute.Strategy = get_strategy(run.strategy)
         policy = set_mixed_precision(run.mixed_precision)
         keras.utils.set_random_seed(run.seed)
         self.run, self.workdir, self.log = run, Workdir(workdir), log
+        self.resume_epoch = self.resume_step = 0  # what the backup holds (`_read_state`)
+        self._state: dict = {}  # run.json as a non-chief worker keeps it (in memory)
         if run.mixed_precision == "auto":
             log(f"mixed precision: {policy} ({fast_bfloat16() or 'no fast bfloat16 here'})")
 
@@ -112,17 +113,6 @@ class Trainer:
         """Training time the earlier processes of this run spent (0 for a new run): what a
         resumed or continued run's time budget and schedule count from."""
         return float(read_state(self.workdir).get("fit_seconds", 0.0))
-
-    def total_steps(self, default_epochs: int, steps_per_epoch: int | None) -> int | None:
-        """The run's step bound: ``max_steps``, or its epochs times ``steps_per_epoch``,
-        whichever is smaller; None when neither is known (a run bounded by time only)."""
-        bounds = []
-        if self.run.max_steps is not None:
-            bounds.append(self.run.max_steps)
-        epochs = self.run.fit_epochs(default_epochs)
-        if steps_per_epoch and epochs < LONG_RUN_EPOCHS:
-            bounds.append(epochs * steps_per_epoch)
-        return min(bounds) if bounds else None
 
     def fit(self, task: Task, callbacks: Iterable[keras.callbacks.Callback] = ()) -> dict:
         """Runs ``task``; on the chief only, exports, evaluates and writes metrics.json.
@@ -140,10 +130,9 @@ class Trainer:
            history, progress line) and ``callbacks``, in that order. Skipped when the
            recorded fit already covers the request: the weights then come from the backup.
         5. Non-chief workers stop here and return ``{}``: only the chief writes.
-        6. ``task.final_weights`` (if the task has it) sets the weights to export and
-           evaluate; ``task.export`` writes the SavedModel and the trainer ``DIR/model.keras``
-           (unless recorded as done) once the weights are found finite and the disk has
-           room (`check_export`).
+        6. ``task.final_weights`` sets the weights to export and evaluate; ``task.export``
+           writes the SavedModel and the trainer ``DIR/model.keras`` (unless recorded as
+           done) once the weights are found finite and the disk has room (`check_export`).
         7. ``task.evaluate`` returns the ``metrics.json`` entries, ``"valid"`` among them;
            they and ``train_seconds`` are merged into ``metrics.json``. ``DIR/run.json``
            records each phase as it ends; the backup is kept.
@@ -167,7 +156,7 @@ class Trainer:
         that starts at epoch 1, another seed for each epoch a resumed run starts at (the
         chief's), so that resumed epochs do not repeat the order of epochs 1, 2, ...; the
         split never depends on it (``run.seed``)."""
-        epoch = getattr(self, "resume_epoch", 0)
+        epoch = self.resume_epoch
         return self.run.seed if not epoch else (self.run.seed * 1_000_003 + epoch) % 2**31
 
     def _fit_task(self, task: Task, callbacks: Iterable[keras.callbacks.Callback]) -> dict:
@@ -189,28 +178,30 @@ class Trainer:
                      "continues it, --restart trains it again")
             return read_metrics(self.workdir).get("valid", {})
         files = self._state_files(task)
+        # A new model trains from scratch (or from a task's initial weights); otherwise the
+        # run's own state (backup, checkpoints) replaces whatever the model starts with.
+        context = RunContext(self.workdir, self.replicas, self.data_seed,
+                             needs_training(state, request) and not self.resume_epoch,
+                             request["epochs"], self.run.max_steps)
         try:
-            data = task.load_data(self)
+            data = task.load_data(context)
         except BaseException:  # bad data: a new run leaves nothing, unless it wrote files
             if new_run and self._state_files(task) == files:
                 (self.workdir.root / "run.json").unlink(missing_ok=True)
             raise
         if data.steps_per_epoch == 0:
             raise ValueError("no training batches: the training data is empty")
-        # A new model trains from scratch (or from a task's initial weights); otherwise the
-        # run's own state (backup, checkpoints) replaces whatever the model starts with.
-        self.fresh = needs_training(state, request) and not self.resume_epoch
         with self.strategy.scope():
-            model = task.build_model(self, data)
+            model = task.build_model(context, data)
         if needs_training(state, request):
-            state = self._fit(task, model, data, request, spec, callbacks)
+            state = self._fit(task, context, model, data, request, spec, callbacks)
         elif is_chief():
             self._restore(model, state)
         if not is_chief():
             return {}
-        final_weights = getattr(task, "final_weights", None)
-        if final_weights is not None:
-            self.log(f"final weights: {final_weights(self, model)}")
+        final = task.final_weights(context, model)
+        if final is not None:
+            self.log(f"final weights: {final}")
         if state["phase"] == "trained":
             check_export(model, self.workdir.root)
             inject_fault("export")
@@ -226,14 +217,14 @@ class Trainer:
         self._record(phase="finished")
         return entries["valid"]
 
-    def _fit(self, task: Task, model: keras.Model, data: TaskData, request: dict, spec: str,
-             callbacks: Iterable[keras.callbacks.Callback]) -> dict:
+    def _fit(self, task: Task, context: RunContext, model: keras.Model, data: TaskData,
+             request: dict, spec: str, callbacks: Iterable[keras.callbacks.Callback]) -> dict:
         run, workdir = self.run, self.workdir
         self._record(phase="training", request=request, data=spec)
         # One rule for every continuation: train to the request's step bound, counted from
         # the steps the backup holds (an epoch cut short by a bound counts as done in Keras).
-        spe, total = data.steps_per_epoch, self.total_steps(task.default_epochs,
-                                                             data.steps_per_epoch)
+        spe = data.steps_per_epoch
+        total = context.total_steps(spe)
         epochs = plan_epochs(request["epochs"], total, spe, self.resume_epoch, self.resume_step)
         epoch_bound = []
         if total is not None and spe and (run.max_steps is None or total < run.max_steps) and \
@@ -243,16 +234,16 @@ class Trainer:
         check_training_space(model, workdir.root)
         progress = Progress(total, run.time_budget, spent,
                             epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
-        task_callbacks = list(task.callbacks(self, model))
+        task_callbacks = list(task.callbacks(context, model))
         all_callbacks = [ScheduleProgress(run.time_budget, spent),
                          *task_callbacks,
                          *standard_callbacks(workdir, run.time_budget, run.max_steps,
                                              keep_backup=True, offset_seconds=spent,
                                              progress=progress,
-                                             averaging=getattr(task, "averaging", Averaging()),
+                                             averaging=task.averaging,
                                              stop_rules=[*epoch_bound, *(
                                                  c for c in task_callbacks
-                                                 if hasattr(c, "reason"))]),
+                                                 if isinstance(c, StopRule))]),
                          *epoch_bound, *callbacks]
         if run.strategy == "multi_worker":  # last: after the restore and the stop rules
             watch = peer_watch()
@@ -298,7 +289,7 @@ class Trainer:
     def _record(self, **fields: Any) -> dict:
         """Merges ``fields`` into ``run.json`` (the chief's; other workers keep them in memory)."""
         if not is_chief():
-            self._state = {**getattr(self, "_state", {}), **fields}
+            self._state = {**self._state, **fields}
             return self._state
         return write_state(self.workdir, **fields)
 

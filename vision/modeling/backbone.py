@@ -13,7 +13,7 @@ import keras
 from keras import ops
 
 from tfx_transformer import checks
-from tfx_transformer.training.distribute import replica_sum
+from tfx_transformer.replicas import replica_sum
 from vision.modeling.resnet import ResNetBackbone
 
 __all__ = ["BACKBONES", "IMAGENET_MEAN", "IMAGENET_STD", "ResNetBackbone", "TinyBackbone",

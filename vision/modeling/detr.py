@@ -10,7 +10,7 @@ points; the decoding strategy (`vision.modeling.refinement`) runs the decoder an
 layer's boxes; the shared class head gives the logits (last index = no-object).
 
 Training uses Keras ``fit``: ``compute_loss`` is the Hungarian-matched ``SetCriterion``
-(`vision.training.set_loss.SetLossModel`, the base class).
+(`vision.modeling.set_loss.SetLossModel`, the base class).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from vision.modeling.heads import MLP
 from vision.modeling.init import reset_transformer_parameters, torch_linear_init
 from vision.modeling.queries import query_layer_class
 from vision.modeling.refinement import make_box_decoding
-from vision.training.set_loss import SetLossModel
+from vision.modeling.set_loss import SetLossModel
 
 __all__ = ["DETR", "DetrOutput", "build_criterion", "build_model"]
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.schedules import StepDropSchedule
-from tfx_transformer.training.trainer import TaskData, Trainer
+from tfx_transformer.training.trainer import RunContext, Task, TaskData, Trainer
 from vision.config import DetrConfig
 from vision.data.augment import DetrSizes
 from vision.data.batching import ObjectLimit, make_batches
@@ -29,7 +29,7 @@ from vision.modeling.detr import build_criterion, build_model
 from vision.pretrained import check_init_source, init_from
 from vision.training.evaluate import evaluate_records
 from vision.training.export import export_detector, make_detect_fn
-from vision.training.optimizer import build_optimizer
+from vision.modeling.optimizer import build_optimizer
 
 __all__ = ["DetectionTask", "train_detr"]
 
@@ -47,7 +47,7 @@ def _float_masks(ds):
     return None if ds is None else ds.map(cast)
 
 
-class DetectionTask:
+class DetectionTask(Task):
     """Detection as a `tfx_transformer.training.trainer.Task`: what `train_detr` runs.
 
     Args:
@@ -77,22 +77,22 @@ class DetectionTask:
         self.default_epochs = config.epochs
         self.limit = ObjectLimit(config.num_queries)  # DETR needs a query per object
 
-    def load_data(self, trainer: Trainer) -> TaskData:
+    def load_data(self, context: RunContext) -> TaskData:
         """The source and its padded batches (whole global batches with several replicas).
 
         ``coco:`` image files are decoded once up front (the results cached in
         ``DIR/image_check.json``), and shrunk on read to the longest side training resizes to.
         """
-        cache = trainer.workdir.root / CACHE_FILE
+        cache = context.workdir.root / CACHE_FILE
         kept = cache.exists()
         try:
-            return self._load_data(trainer, str(cache))
+            return self._load_data(context, str(cache))
         except BaseException:  # data refused: a check's cache written now goes with the run
             if not kept:
                 cache.unlink(missing_ok=True)
             raise
 
-    def _load_data(self, trainer: Trainer, cache: str) -> TaskData:
+    def _load_data(self, context: RunContext, cache: str) -> TaskData:
         data, config, run, log, limit = self.data, self.config, self.run, self.log, self.limit
         source = self.source = load_source(
             data, valid_fraction=run.valid_fraction, seed=run.seed,
@@ -104,7 +104,7 @@ class DetectionTask:
             held_out = f" ({num_valid} held out by valid_fraction={run.valid_fraction})" if (
                 num_valid) else ""
             raise ValueError(f"--data {data}: no training images{held_out}; nothing to train on")
-        replicas = trainer.replicas
+        replicas = context.replicas
         global_batch = self.global_batch = config.batch_size * replicas
         # Several replicas: each replica gets as many images in every batch (Keras builds the
         # model from the first batch split over the replicas, which must give one shape, and a
@@ -119,7 +119,7 @@ class DetectionTask:
                              f"times {replicas} replicas)")
         sizes = dict(image_size=config.image_size, max_size=config.max_image_size)
         train_ds = source.batches("train", batch_size=global_batch, object_limit=limit,
-                                  seed=trainer.data_seed, augmentation=config.augmentation,
+                                  seed=context.data_seed, augmentation=config.augmentation,
                                   drop_remainder=whole, **sizes)
         if num_valid is not None and run.eval_limit is not None:
             num_valid = min(num_valid, run.eval_limit)
@@ -150,7 +150,7 @@ class DetectionTask:
                                                              targets))
         return TaskData(train_ds, valid_ds, train_steps)
 
-    def build_model(self, trainer: Trainer, data: TaskData) -> keras.Model:
+    def build_model(self, context: RunContext, data: TaskData) -> keras.Model:
         """`DETR` compiled with its set criterion and AdamW on DETR's step drop."""
         config, run, classes = self.config, self.run, self.source.num_classes
         schedule = StepDropSchedule(config.learning_rate, config.lr_drop_epochs,
@@ -159,16 +159,16 @@ class DetectionTask:
         model.compile(optimizer=build_optimizer(config, model, learning_rate=schedule),
                       criterion=build_criterion(config, classes), jit_compile=run.jit_compile)
         self.log(f"model: {config.name}, {model.count_params():,} parameters, "
-                 f"{trainer.replicas} replica(s), batch {self.global_batch}")
+                 f"{context.replicas} replica(s), batch {self.global_batch}")
         if self.init_from is not None:
-            if not trainer.fresh:
+            if not context.fresh:
                 self.log(f"init: the run resumes from its own state; --init-from "
                          f"{self.init_from} is not read again")
             elif is_chief():  # the other workers get the chief's weights when fit begins
                 init_from(model, self.init_from, self.source.class_names, self.log)
         return model
 
-    def callbacks(self, trainer: Trainer, model: keras.Model) -> list:
+    def callbacks(self, context: RunContext, model: keras.Model) -> list:
         """The object limit: an image over ``num_queries`` objects stops the run."""
         return [self.limit.callback()]
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tfx_transformer.training.distribute import OptimizerBuiltFirst, num_replicas, replica_sum
+from tfx_transformer.replicas import OptimizerBuiltFirst, num_replicas, replica_sum
 from vision.matching.losses import SetCriterion
 from vision.matching.matcher import HungarianMatcher
-from vision.training.optimizer import DetrAdamW
+from vision.modeling.optimizer import DetrAdamW
 
 __all__ = ["SetLossModel"]
 

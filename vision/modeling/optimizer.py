@@ -15,7 +15,7 @@ under DETR's clipping to a global norm of 0.1 many gradients are that small, and
 came out up to 4x smaller than DETR's (benchmarks/README.md, the step parity). The same
 step is Keras's with ``eps * sqrt(1 - beta_2 ** t)`` in place of ``eps``, which is how it runs
 under TensorFlow: one fused ``ResourceApplyAdam`` kernel per variable
-(`tfx_transformer.training.distribute.apply_adam`).
+(`tfx_transformer.replicas.apply_adam`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import keras
 from keras import ops
 
-from tfx_transformer.training.distribute import GlobalClipAdam, apply_adam, fused_adam_applies
+from tfx_transformer.replicas import GlobalClipAdam, apply_adam, fused_adam_applies
 
 __all__ = ["DetrAdamW", "build_optimizer"]
 
