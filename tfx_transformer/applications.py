@@ -23,12 +23,13 @@ EXPORTS = "tfx_transformer.exports"
 
 
 def registered(group: str) -> dict[str, Callable]:
-    """The functions registered in ``group``, by entry-point name, in the order declared.
+    """The functions registered in ``group``, by entry-point name, in the order of the names.
 
     Raises:
         RuntimeError: nothing is registered (the package is not installed).
     """
-    found = {point.name: point for point in entry_points(group=group)}
+    found = {point.name: point for point in sorted(entry_points(group=group),
+                                                   key=lambda point: point.name)}
     if not found:
         raise RuntimeError(f"no application registers {group!r}: install the package "
                            "(`make install` or `pip install -e .`)")

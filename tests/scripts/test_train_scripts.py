@@ -100,6 +100,7 @@ class _Stop(Exception):
 
 
 def test_quickstart_trains_both_tiny_presets(monkeypatch, tmp_path):
+    import nlp.quickstart
     import nlp.train
     import vision.training.train
 
@@ -113,15 +114,15 @@ def test_quickstart_trains_both_tiny_presets(monkeypatch, tmp_path):
     # The quick start imports the applications when it runs them.
     monkeypatch.setattr(nlp.train, "train_nmt", record)
     monkeypatch.setattr(vision.training.train, "train_detr", record)
-    with pytest.raises(_Stop):
+    with pytest.raises(_Stop):  # the parts in the order of their names: detection first
         module.main(["--minutes", "3", "--workdir", str(tmp_path)])
     with pytest.raises(_Stop):
-        module.detection(str(tmp_path / "detr"), 1.5)
+        nlp.quickstart.run(str(tmp_path), 1.5)
     assert calls == [
-        (("embedded", str(tmp_path / "nmt"), nmt_config.preset("tiny"),
-          RunOptions(time_budget=1.5, eval_limit=300)), {}),
         (("embedded", str(tmp_path / "detr"), detr_config.preset("tiny"),
           RunOptions(time_budget=1.5, eval_limit=200)), {}),
+        (("embedded", str(tmp_path / "nmt"), nmt_config.preset("tiny"),
+          RunOptions(time_budget=1.5, eval_limit=300)), {}),
     ]
     with pytest.raises(SystemExit):
         module.main(["--minutes", "0"])
