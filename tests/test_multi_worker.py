@@ -170,7 +170,8 @@ def test_two_workers_train_nmt_and_detr_in_sync_and_only_the_chief_writes(tmp_pa
     stopped = metrics["train"]["stopped_by"]
     assert epochs == list(range(1, len(epochs) + 1)) and all("val_bleu" in e
                                                             for e in metrics["history"])
-    assert ("did not improve for 1 epochs" in stopped and len(epochs) < 5) or len(epochs) == 5
+    # (val_bleu of 2 sentences from a model this small stays flat, so patience stops it.)
+    assert "did not improve for 1 epochs" in stopped and len(epochs) < 5, stopped
     assert (chief / "nmt" / "tokenizer.model").is_file()
     assert "tokenizer: received from the chief worker" in other_log
     assert "this run finished earlier" in chief_log and "this run finished earlier" in other_log

@@ -2,14 +2,10 @@
 dotted name, module of the Layout, link, `make` target, installed command and script flag they
 name exists."""
 
-import concurrent.futures
 import functools
 import importlib
-import os
 import pathlib
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -222,18 +218,21 @@ def _installed_commands() -> dict[str, str]:
 
 @functools.lru_cache(maxsize=None)
 def _all_help_flags() -> dict:
-    """SCRIPT -> the flags ``scripts/SCRIPT.py --help`` lists: every script run once per
-    session, a few at a time."""
-    env = {key: value for key, value in os.environ.items() if key != "TF_CONFIG"}
+    """SCRIPT -> the flags ``scripts/SCRIPT.py --help`` lists: the ``main`` each script wraps
+    (``from MODULE import main``), called in this process with ``--help``."""
+    import contextlib
+    import io
 
-    def run(script):
-        done = subprocess.run([sys.executable, str(ROOT / "scripts" / f"{script}.py"), "--help"],
-                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-        assert done.returncode == 0, f"{script}.py --help: {done.stderr[-2000:]}"
-        return script, frozenset(re.findall(FLAG, done.stdout))
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(run, sorted(SCRIPTS)))
+    found = {}
+    for script in sorted(SCRIPTS):
+        wrapper = (ROOT / "scripts" / f"{script}.py").read_text()
+        module = re.search(r"from ([\w.]+) import main", wrapper).group(1)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+            importlib.import_module(module).main(["--help"])
+        assert stop.value.code == 0, f"{script}.py --help exited {stop.value.code}"
+        found[script] = frozenset(re.findall(FLAG, out.getvalue()))
+    return found
 
 
 def _help_flags(script: str) -> frozenset:

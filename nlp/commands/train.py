@@ -51,7 +51,7 @@ CONFIG_FLAGS = {
         type=int, metavar="N", help="held-out pairs scored (greedy BLEU/chrF) every epoch; "
                                     "0: none")),
 }
-EVAL_LIMIT = 1000  # held-out pairs translated and scored after training
+EVAL_LIMIT = 1000  # held-out pairs translated and scored after training (--eval-limit)
 # With --init-from, unless the flags say otherwise: the budget schedule (linear warm-up over a
 # tenth of the run, then linear decay to 0; Noam's step^-0.5 when the run's length is not
 # known), peaking at `nlp.train.FINE_TUNE_PEAK`.
@@ -63,8 +63,8 @@ def command(argv=None) -> int:
     parser.add_argument("--data", default="embedded",
                         help="embedded | tsv:PATH (source<TAB>target) | tfds:NAME")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
-    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "jit_compile"), eval_limit=EVAL_LIMIT,
-                      mixed_precision="auto")
+    add_run_arguments(parser, (*COMMON_RUN_FLAGS, "eval_limit", "jit_compile"),
+                      eval_limit=EVAL_LIMIT, mixed_precision="auto")
     add_override_arguments(parser, CONFIG_FLAGS)
     parser.add_argument("--init-from", metavar="MODEL_DIR",
                         help="fine-tune this model directory (tfx-convert-nmt's, e.g. an OPUS-MT "

@@ -242,7 +242,7 @@ CASES += [  # bad choices, data files, work-directory states and models
     A("nmt-preset", NMT + " --preset huge", F("--preset"), "huge"),
     A("nmt-multi-worker", NMT + " --strategy multi_worker", "TF_CONFIG"),
     A("nmt-precision", NMT + " --mixed-precision fp8", F("--mixed-precision")),
-    A("nmt-not-a-flag", NMT + " --eval-limit 3", F("--eval-limit")),  # train_detr.py's
+    A("nmt-not-a-flag", NMT + " --num-queries 3", F("--num-queries")),  # train_detr.py's
     C("nmt-vocab-10", TSV + " --vocab-size 10", F("--vocab-size"), r"\b10\b"),
     C("nmt-data-scheme", NMT + " --data foo:bar", "foo"),
     C("nmt-tsv-no-path", NMT + " --data tsv:", "tsv:"),

@@ -3,7 +3,7 @@
 The kill is real (``TFX_TRANSFORMER_FAULT=export``, the trainer's testing hook, makes the
 process SIGKILL itself when its export starts); the rerun is the same command. The commands are
 the README's with their default flags (``--vocab-size`` included), ``--max-steps`` for their
-time budget. Every other phase, a finished run rerun, a longer run, a NaN loss and broken work
+time budget and ``--eval-limit`` for a shorter evaluation. Every other phase, a finished run rerun, a longer run, a NaN loss and broken work
 directory files: in process, tests/tfx_transformer/test_trainer.py and test_callbacks.py; bad
 input: tests/scripts/test_cli_battery.py.
 """
@@ -48,7 +48,8 @@ def _resumed(process, state, max_steps):
 @pytest.mark.slow
 def test_nmt_readme_command_killed_at_its_export_resumes_there(tmp_path, run_script):
     work = tmp_path / "work"
-    command = ("train_nmt.py", *NMT_README, "--workdir", work, "--max-steps", NMT_MAX_STEPS)
+    command = ("train_nmt.py", *NMT_README, "--workdir", work, "--max-steps", NMT_MAX_STEPS,
+               "--eval-limit", 100)  # 100 of the 1,000 held-out pairs beam-searched
     killed = run_script(*command, fault="export")
     _killed_at_export(killed, _state(work), NMT_MAX_STEPS)
     assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["epoch-001.weights.h5"]
