@@ -111,6 +111,7 @@ def _assert_export_is_the_mean(export, checkpoints):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("nmt_workdir")  # the tests of the shared run share a worker
 def test_scripts_train_translate_evaluate(nmt_workdir, capsys, monkeypatch):
     work, tsv, train = nmt_workdir  # train_nmt.py, 2 epochs on 60 pairs (tests/conftest.py)
     assert train.stderr == ""  # the scripts' quiet start: no TensorFlow or Keras lines

@@ -170,7 +170,7 @@ STATES = {  # work directory states: the files in it besides keep.txt
     "empty_tokenizer": {"tokenizer.model": ""},
     "corrupt_tokenizer": {"tokenizer.model": "\x00\x01 no SentencePiece model"},
     "metrics_list": {"metrics.json": "[]\n"}, "metrics_invalid": {"metrics.json": '{"valid":\n'},
-    "quick_metrics_list": {"nmt/metrics.json": "[]\n"},
+    "quick_metrics_list": {"detr/metrics.json": "[]\n"},  # the first part the quick start runs
     "locked": {".lock": "4242"},
 }
 

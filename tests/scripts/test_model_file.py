@@ -57,6 +57,7 @@ def _check(work, package, class_name, checkpoints, tmp_path):
         np.testing.assert_allclose(weights[name], value, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.xdist_group("nmt_workdir")  # with the other tests of the shared runs
 def test_a_translation_run_writes_model_keras_with_its_averaged_weights(nmt_workdir, tmp_path):
     work, _, _ = nmt_workdir  # --epochs 2 --average-last 2
     _check(work, "nlp", "nlp.model.Seq2SeqTransformer",
@@ -64,6 +65,7 @@ def test_a_translation_run_writes_model_keras_with_its_averaged_weights(nmt_work
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("detr_workdir")
 def test_a_detection_run_writes_model_keras_with_its_last_weights(detr_workdir, tmp_path):
     work, _ = detr_workdir
     _check(work, "vision", "vision.modeling.detr.DETR", ["epoch-001.weights.h5"], tmp_path)

@@ -13,9 +13,6 @@ import signal
 
 import pytest
 
-# With `-n 2`, the tests of the shared README DETR run (`detr_workdir`) share a worker.
-pytestmark = pytest.mark.xdist_group("detr_workdir")
-
 NMT_README = ("--data", "embedded", "--preset", "tiny")  # README: train_nmt.py, --time-budget
 NMT_MAX_STEPS = 3
 DETR_MAX_STEPS = 2  # DETR_MAX_STEPS of tests/conftest.py, which runs the DETR command
@@ -67,6 +64,7 @@ def test_nmt_readme_command_killed_at_its_export_resumes_there(tmp_path, run_scr
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("detr_workdir")  # with the other tests of the shared DETR run
 def test_detr_readme_command_killed_at_its_export_resumes_there(detr_workdir):
     work, runs = detr_workdir  # tests/conftest.py: the two processes and what each left
     (killed, killed_state, trained), (done, state, after) = runs["killed"], runs["done"]
