@@ -215,9 +215,9 @@ def main(argv=None) -> int:
         import keras
 
         from vision.modeling.detr import build_criterion
+        from vision.modeling.optimizer import build_optimizer
         from vision.pretrained import load_reference_checkpoint
         from vision.reference import read_reference
-        from vision.modeling.optimizer import build_optimizer
 
         m = max(len(t["labels"]) for t in targets)
         y = {"labels": np.zeros((args.batch, m), "int32"),

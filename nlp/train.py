@@ -27,8 +27,8 @@ from nlp.model_dir import fine_tuning, workdir_tokenizer
 from nlp.tokenizer import TOKENIZER_FILE, Tokenizer
 from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
-from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.replicas import GlobalClipAdam
+from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.h5files import write_atomically
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.trainer import RunContext, Task, TaskData, Trainer

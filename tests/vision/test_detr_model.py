@@ -13,8 +13,8 @@ from vision.config import preset
 from vision.matching.losses import SetCriterion
 from vision.modeling.backbone import ResNetBackbone, TinyBackbone, build_backbone
 from vision.modeling.detr import DETR, DetrOutput, build_criterion, build_model
-from vision.modeling.postprocess import postprocess
 from vision.modeling.optimizer import DetrAdamW, build_optimizer
+from vision.modeling.postprocess import postprocess
 
 NUM_CLASSES = 3
 # A small variant of the tiny preset (same structure, stride 16) for the slower tests.

@@ -12,7 +12,6 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-
 if TYPE_CHECKING:
     import tensorflow as tf
 

@@ -26,10 +26,10 @@ from vision.data.batching import ObjectLimit, make_batches
 from vision.data.image_check import CACHE_FILE
 from vision.data.sources import load_source
 from vision.modeling.detr import build_criterion, build_model
+from vision.modeling.optimizer import build_optimizer
 from vision.pretrained import check_init_source, init_from
 from vision.training.evaluate import evaluate_records
 from vision.training.export import export_detector, make_detect_fn
-from vision.modeling.optimizer import build_optimizer
 
 __all__ = ["DetectionTask", "train_detr"]
 
