@@ -4,8 +4,9 @@ The kill is real (``TFX_TRANSFORMER_FAULT=export``, the trainer's testing hook, 
 process SIGKILL itself when its export starts); the rerun is the same command. The commands are
 the README's with their default flags (``--vocab-size`` included), ``--max-steps`` for their
 time budget and ``--eval-limit`` for a shorter evaluation. Every other phase, a finished run
-rerun, a longer run, a NaN loss and broken work directory files: in process, tests/tfx_transformer/test_trainer.py and test_callbacks.py; bad
-input: tests/scripts/test_cli_battery.py.
+rerun, a longer run, a NaN loss and broken work directory files: in process,
+tests/tfx_transformer/test_trainer.py and test_callbacks.py; bad input:
+tests/scripts/test_cli_battery.py.
 """
 
 import json
