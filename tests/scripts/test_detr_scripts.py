@@ -62,7 +62,7 @@ def test_train_writes_the_work_directory(trained):
     metrics = json.loads((work / "metrics.json").read_text())
     valid = metrics["valid"]
     # No --eval-limit: every held-out image of the embedded data is scored.
-    assert valid["n"] == metrics["data"]["valid_images"] == 500
+    assert valid["n"] == metrics["data"]["valid_images"] == 40  # --eval-limit 40
     assert all(0.0 <= valid[k] <= 1.0 for k in ("AP", "AP50", "AP75"))
     assert metrics["config"]["num_queries"] == PRESETS["tiny"].num_queries
     assert metrics["config"]["batch_size"] == PRESETS["tiny"].batch_size
