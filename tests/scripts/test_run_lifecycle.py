@@ -1,9 +1,10 @@
-"""The README's training commands, SIGKILLed and run again: one real kill per application.
+"""The README's detector command, SIGKILLed when its export starts and run again.
 
 The kill is real (``TFX_TRANSFORMER_FAULT=export``, the trainer's testing hook, makes the
-process SIGKILL itself when its export starts); the rerun is the same command. The commands are
-the README's with their default flags (``--vocab-size`` included), ``--max-steps`` for their
-time budget and ``--eval-limit`` for a shorter evaluation. Every other phase, a finished run
+process SIGKILL itself); the rerun is the same command: the README's with its default flags,
+``--max-steps`` for its time budget and ``--eval-limit`` for a shorter evaluation. One kill per
+level: the translation command's (killed mid-epoch, a fine-tuning run) is
+tests/nlp/test_marian_finetune.py's, the multi-worker one tests/test_multi_worker.py's. Every other phase, a finished run
 rerun, a longer run, a NaN loss and broken work directory files: in process,
 tests/tfx_transformer/test_trainer.py and test_callbacks.py; bad input:
 tests/scripts/test_cli_battery.py.
@@ -14,8 +15,6 @@ import signal
 
 import pytest
 
-NMT_README = ("--data", "embedded", "--preset", "tiny")  # README: train_nmt.py, --time-budget
-NMT_MAX_STEPS = 3
 DETR_MAX_STEPS = 2  # DETR_MAX_STEPS of tests/conftest.py, which runs the DETR command
 
 
@@ -41,27 +40,6 @@ def _resumed(process, state, max_steps):
     assert "Traceback" not in process.stderr
     assert state["phase"] == "finished"
     assert state["steps"] == state["export_steps"] == max_steps  # no step taken on the rerun
-
-
-@pytest.mark.slow
-def test_nmt_readme_command_killed_at_its_export_resumes_there(tmp_path, run_script):
-    work = tmp_path / "work"
-    command = ("train_nmt.py", *NMT_README, "--workdir", work, "--max-steps", NMT_MAX_STEPS,
-               "--eval-limit", 100)  # 100 of the 1,000 held-out pairs beam-searched
-    killed = run_script(*command, fault="export")
-    _killed_at_export(killed, _state(work), NMT_MAX_STEPS)
-    assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["epoch-001.weights.h5"]
-    assert not (work / "export").exists()
-    trained = _snapshot(work / "checkpoints")
-
-    done = run_script(*command)  # the tokenizer, the data and the checkpoint are reused
-    _resumed(done, _state(work), NMT_MAX_STEPS)
-    assert done.stderr == ""  # quiet start: no TensorFlow or Keras lines
-    assert _snapshot(work / "checkpoints") == trained
-    metrics = json.loads((work / "metrics.json").read_text())
-    assert "held-out: bleu" in done.stdout and metrics["valid"]["n"] > 0
-    assert metrics["config"]["vocab_size"] == 2000  # the tiny preset's, no flag
-    assert (work / "export" / "saved_model.pb").exists()
 
 
 @pytest.mark.slow
