@@ -28,7 +28,7 @@ def register_lazily(names: dict[str, str]) -> None:
     global _HOOKED
     _NAMES.update(names)
     if not _HOOKED:
-        import wrapt  # a dependency of TensorFlow's; its hook runs at once if Keras is loaded
+        import wrapt  # its post-import hook runs at once if Keras is loaded already
 
         _HOOKED = True
         wrapt.register_post_import_hook(_enter, "keras")
