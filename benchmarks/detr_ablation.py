@@ -28,7 +28,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 from detr_finetune import score_export  # noqa: E402
 from photo_objects import photo_objects  # noqa: E402
 
-from tfx_transformer.training.cli import positive  # noqa: E402
+from tfx_transformer.cli import positive  # noqa: E402
 from tfx_transformer.training.run import RunOptions  # noqa: E402
 from vision.config import PRESETS, preset  # noqa: E402
 from vision.training.train import train_detr  # noqa: E402

@@ -23,7 +23,7 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from tfx_transformer.training.cli import positive  # noqa: E402
+from tfx_transformer.cli import positive  # noqa: E402
 from tfx_transformer.training.run import RunOptions  # noqa: E402
 from vision.config import PRESETS, DetrConfig, preset  # noqa: E402
 from vision.training.train import train_detr  # noqa: E402

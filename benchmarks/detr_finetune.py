@@ -26,7 +26,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from PIL import Image  # noqa: E402
 
-from tfx_transformer.training.cli import positive  # noqa: E402
+from tfx_transformer.cli import positive  # noqa: E402
 from tfx_transformer.training.run import RunOptions  # noqa: E402
 from vision.config import preset  # noqa: E402
 from vision.data.shapes import CLASS_NAMES, ShapesGenerator  # noqa: E402

@@ -16,7 +16,7 @@ machine's 2 cores), and the two are timed alternately; each row prints ``ratio =
   ``auxiliary_loss=True`` (its ``ForObjectDetectionLoss``, DETR's set loss), ``loss.backward()``,
   ``clip_grad_norm_``, ``torch.optim.AdamW``.
 TensorFlow's oneDNN kernels are on when a train case is asked for (``train_detr.py`` turns them
-on, `tfx_transformer.training.quiet.onednn_default`) and as TensorFlow decides otherwise (the
+on, `tfx_transformer.quiet.onednn_default`) and as TensorFlow decides otherwise (the
 detection and serving commands): run ``--only infer`` alone for the inference figures.
 
 - ``infer``: detection on 512×512 images, batches of 1 and 4. Ours: the exported SavedModel
@@ -45,7 +45,7 @@ from transformers import DetrConfig, DetrForObjectDetection, DetrImageProcessor
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfx_transformer.training.quiet import onednn_default  # noqa: E402
+from tfx_transformer.quiet import onednn_default  # noqa: E402
 
 NUM_CLASSES = 4
 SMALL = dict(hidden_dim=128, num_heads=8, num_encoder_layers=3, num_decoder_layers=3,

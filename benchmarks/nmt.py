@@ -28,7 +28,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tfx_transformer.training.quiet import onednn_default  # noqa: E402
+from tfx_transformer.quiet import onednn_default  # noqa: E402
 
 onednn_default()  # TensorFlow's oneDNN kernels, as the training commands run them
 

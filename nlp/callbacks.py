@@ -20,7 +20,7 @@ from nlp.evaluate import evaluate
 from nlp.export import make_translate_fn
 from nlp.tokenizer import Tokenizer
 from tfx_transformer import checks
-from tfx_transformer.training.bounds import StopRule
+from tfx_transformer.training.callbacks import StopRule
 from tfx_transformer.training.checkpoints import best_epoch
 from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.workdir import Workdir, read_metrics

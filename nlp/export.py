@@ -46,7 +46,7 @@ from nlp.serving import (
     SERVING,
 )
 from nlp.tokenizer import Tokenizer
-from tfx_transformer.training.export_dir import write_export_dir
+from tfx_transformer.training.workdir import write_export_dir
 
 __all__ = ["SOURCE_LENGTH_MULTIPLE", "export_translator", "make_translate_fn"]
 
@@ -161,7 +161,7 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
     ``translator.json``.
 
     The export is written to a temporary directory beside ``path`` and moved into place at the
-    end (`tfx_transformer.training.export_dir.write_export_dir`), so a failed export leaves
+    end (`tfx_transformer.training.workdir.write_export_dir`), so a failed export leaves
     the previous one as it was.
 
     Args:

@@ -26,7 +26,7 @@ import keras
 from nlp.decoding import DecodingSettings
 from nlp.export import export_translator
 from nlp.tokenizer import load_tokenizer
-from tfx_transformer.training.h5files import NEW_DIR_MODE
+from tfx_transformer.training.workdir import NEW_DIR_MODE
 
 __all__ = ["FINE_TUNE_PEAK", "INFO_FILE", "MODEL_FILE", "Initial", "fine_tuning",
            "read_model_dir", "workdir_tokenizer", "write_model_dir"]

@@ -29,9 +29,9 @@ from nlp.vocabulary import train_tokenizer
 from tfx_transformer import BudgetSchedule, NoamSchedule
 from tfx_transformer.replicas import GlobalClipAdam
 from tfx_transformer.training.checkpoints import Averaging
-from tfx_transformer.training.h5files import write_atomically
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.trainer import RunContext, Task, TaskData, Trainer
+from tfx_transformer.training.workdir import write_atomically
 
 __all__ = ["DEFAULT_EPOCHS", "TranslationTask", "build_tokenizer", "compile_model",
            "count_batches", "make_schedule", "train_nmt"]
@@ -130,7 +130,7 @@ def build_tokenizer(path: str, pairs, vocab_size: int, log=print,
 
 def make_schedule(config: NMTConfig, total_steps: int | None = None, timed: bool = False):
     """``config.schedule``: `BudgetSchedule` over ``total_steps`` and, when ``timed``, the
-    run's time budget (the trainer's `tfx_transformer.training.bounds.ScheduleProgress`); or
+    run's time budget (the trainer's `tfx_transformer.training.callbacks.ScheduleProgress`); or
     `NoamSchedule`, also for a budget schedule of a run whose length is not known (neither
     ``total_steps`` nor ``timed``)."""
     if config.schedule == "noam" or (total_steps is None and not timed):

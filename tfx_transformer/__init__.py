@@ -1,14 +1,17 @@
 """Keras 3 Transformer layers shared by the translation and detection applications.
 
 - `tfx_transformer.layers`: the layers (``keras.ops`` only, any Keras backend).
-- `tfx_transformer.training`: what both trainers share (TensorFlow allowed): strategy,
-  precision, time and step bounds, checkpoints, the work directory, the `Trainer`.
+- `tfx_transformer.schedules`: learning-rate schedules (Keras ``LearningRateSchedule``s).
+- `tfx_transformer.training`: what both trainers share (TensorFlow allowed): the work
+  directory, strategy and precision, checkpoints, the `Task` protocol, the `Trainer`.
+- `tfx_transformer.cli`: the commands' shared flags and error handling; `tfx_transformer.quiet`
+  their quiet start.
 
 Importing it registers every class the project saves with Keras (`tfx_transformer.registry`),
 so ``keras.saving.load_model`` reads the project's ``.keras`` files. The names below are the
 layers' and the learning-rate schedules'. They are imported on first
 use (``tt.MultiHeadAttention``, ``from tfx_transformer import ...``), so that importing this
-package loads no TensorFlow: the commands (`tfx_transformer.training.quiet`) silence
+package loads no TensorFlow: the commands (`tfx_transformer.quiet`) silence
 TensorFlow's start-up lines before it is imported.
 """
 
@@ -53,7 +56,7 @@ register_lazily({f"tfx_transformer>{name}": f"tfx_transformer.{module}" for modu
                         "SinusoidalPositionEncoding"),
     "layers.encoder": ("TransformerEncoder", "TransformerEncoderLayer"),
     "layers.decoder": ("TransformerDecoder", "TransformerDecoderLayer"),
-    "training.schedules": ("BudgetSchedule", "NoamSchedule", "StepDropSchedule"),
+    "schedules": ("BudgetSchedule", "NoamSchedule", "StepDropSchedule"),
     "replicas": ("GlobalClipAdam",),
 }.items() for name in names})
 
@@ -63,7 +66,7 @@ def __getattr__(name: str):
     if name in _SUBMODULES:
         return importlib.import_module(f"tfx_transformer.{name}")
     if name in __all__:
-        module = "training.schedules" if name in _SCHEDULES else "layers"
+        module = "schedules" if name in _SCHEDULES else "layers"
         value = getattr(importlib.import_module(f"tfx_transformer.{module}"), name)
         globals()[name] = value
         return value

@@ -14,12 +14,12 @@ import argparse
 import os
 import sys
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from tfx_transformer.applications import QUICKSTART, registered  # noqa: E402
-from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 
 def command(argv=None) -> int:

@@ -16,11 +16,11 @@ import argparse
 import os
 import sys
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported
 
-from tfx_transformer.training.cli import run_cli  # noqa: E402
+from tfx_transformer.cli import run_cli  # noqa: E402
 
 
 def command(argv=None) -> int:

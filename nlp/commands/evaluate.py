@@ -10,14 +10,14 @@ import argparse
 import json
 import sys
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
 from nlp.evaluate import evaluate  # noqa: E402
 from nlp.serving import NotATranslatorError, load_translator, read_info  # noqa: E402
-from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 
 def command(argv=None) -> int:

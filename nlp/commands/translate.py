@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
@@ -30,7 +30,7 @@ from nlp.serving import (  # noqa: E402
     nbest_size,
     read_info,
 )
-from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 
 def read_lines(stream, name: str = "stdin") -> list[str]:

@@ -22,9 +22,8 @@ import os
 import tensorflow as tf
 
 from nlp.data import embedded
-from tfx_transformer import checks
-from tfx_transformer.training import data_spec
-from tfx_transformer.training.data_spec import DataSpec
+from tfx_transformer import checks, data_spec
+from tfx_transformer.data_spec import DataSpec
 
 __all__ = [
     "SCHEMES",

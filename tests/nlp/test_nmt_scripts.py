@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from nlp import evaluate
-from tfx_transformer.training.cli import run_cli
+from tfx_transformer.cli import run_cli
 
 COMMANDS = {"translate.py": "nlp.commands.translate", "evaluate_nmt.py": "nlp.commands.evaluate"}
 

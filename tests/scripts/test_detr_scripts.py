@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tfx_transformer.training.cli import run_cli
+from tfx_transformer.cli import run_cli
 from vision.config import PRESETS
 from vision.data.shapes import ShapesGenerator
 

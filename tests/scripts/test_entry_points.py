@@ -56,7 +56,7 @@ def test_the_commands_of_one_application_never_import_the_other():
 
 def test_importing_the_packages_on_the_way_loads_no_tensorflow():
     # What a command imports before its quiet start: TensorFlow must not be among it.
-    code = ("import sys, tfx_transformer, tfx_transformer.training, tfx_transformer.training.quiet"
+    code = ("import sys, tfx_transformer, tfx_transformer.training, tfx_transformer.quiet"
             ", tfx_transformer.serving, nlp, nlp.commands, vision, vision.commands; "
             "sys.exit('tensorflow' in sys.modules or 'keras' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

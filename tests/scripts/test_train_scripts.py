@@ -10,7 +10,7 @@ import importlib
 import pytest
 
 from nlp import config as nmt_config
-from tfx_transformer.training.cli import run_cli
+from tfx_transformer.cli import run_cli
 from tfx_transformer.training.run import RunOptions
 from vision import config as detr_config
 

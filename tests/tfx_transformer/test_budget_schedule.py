@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from tfx_transformer import BudgetSchedule
-from tfx_transformer.training.bounds import ScheduleProgress
+from tfx_transformer.training.callbacks import RunClock, ScheduleProgress
 from tfx_transformer.training.saving import Backup
+from tfx_transformer.training.workdir import Workdir
 
 PEAK = 2e-3
 
@@ -59,9 +60,12 @@ class _Holder:
 def test_schedule_progress_counts_earlier_training_time_and_the_epoch():
     schedule = BudgetSchedule(PEAK, total_steps=None, warmup_share=0.1)
     now = [100.0]
-    progress = ScheduleProgress(minutes=10.0, offset_seconds=120.0, clock=lambda: now[0])
-    progress.set_model(_Holder(keras.optimizers.Adam(schedule)))
-    progress.on_train_begin()
+    clock = RunClock(offset_seconds=120.0, clock=lambda: now[0])  # the run's, driven by fit
+    progress = ScheduleProgress(minutes=10.0, clock=clock)
+    holder = _Holder(keras.optimizers.Adam(schedule))
+    for callback in (clock, progress):
+        callback.set_model(holder)
+        callback.on_train_begin()
     assert float(schedule.progress.numpy()) == pytest.approx(0.2)  # 2 of 10 minutes
     now[0] += 60.0
     progress.on_train_batch_begin(0)
@@ -75,7 +79,7 @@ def test_schedule_progress_counts_earlier_training_time_and_the_epoch():
     progress.on_epoch_end(4, logs)  # the rate at share 1.0: the end of the decay
     assert logs["learning_rate"] == 0.0
     # A plain rate is left alone and still recorded.
-    plain = ScheduleProgress(minutes=10.0, clock=lambda: now[0])
+    plain = ScheduleProgress(minutes=10.0)
     plain.set_model(_Holder(keras.optimizers.Adam(3e-4)))
     plain.on_train_begin()
     logs = {}
@@ -130,12 +134,12 @@ def test_resumed_run_continues_the_schedule(tmp_path):
     whole = RateLog()
     _model(10).fit(X, Y, batch_size=4, epochs=5, verbose=0, shuffle=False, callbacks=[whole])
     first, second = RateLog(), RateLog()
-    backup = str(tmp_path / "backup")
+    workdir = Workdir(tmp_path)
     with pytest.raises(KeyboardInterrupt):
         _model(10).fit(X, Y, batch_size=4, epochs=5, verbose=0, shuffle=False,
-                       callbacks=[Backup(backup), StopAfter(2), first])
+                       callbacks=[Backup(workdir), StopAfter(2), first])
     _model(10).fit(X, Y, batch_size=4, epochs=5, verbose=0, shuffle=False,
-                   callbacks=[Backup(backup), second])
+                   callbacks=[Backup(workdir), second])
     assert len(first.rates) == 4 and len(second.rates) == 6
     np.testing.assert_allclose(first.rates + second.rates, whole.rates, rtol=1e-6)
     np.testing.assert_allclose(whole.rates, [formula((s + 1) / 10, 0.25) for s in range(10)],

@@ -8,13 +8,15 @@ import keras
 import numpy as np
 import pytest
 
-from tfx_transformer.training.bounds import MaxSteps, TimeBudget, plan_epochs
 from tfx_transformer.training.callbacks import (
+    MaxSteps,
     MetricsLogger,
-    NonFiniteLossError,
-    inject_fault,
+    RunClock,
+    TimeBudget,
+    plan_epochs,
     standard_callbacks,
 )
+from tfx_transformer.training.saving import NonFiniteLossError, inject_fault
 from tfx_transformer.training.workdir import Workdir, read_metrics, write_metrics
 
 X = np.arange(32, dtype="float32").reshape(8, 4) / 32.0
@@ -54,9 +56,10 @@ class Recorder(keras.callbacks.Callback):
 def test_time_budget_stops_at_batch_end_with_injected_clock():
     now = [0.0]
     tick = Recorder(tick=lambda: now.__setitem__(0, now[0] + 1.0))  # 1 s per step
-    budget = TimeBudget(minutes=3.0 / 60.0, clock=lambda: now[0])  # 3 s
+    budget = TimeBudget(minutes=3.0 / 60.0, clock=RunClock(clock=lambda: now[0]))  # 3 s
     model = tiny_model()
-    history = model.fit(X, Y, batch_size=4, epochs=5, verbose=0, callbacks=[tick, budget])
+    history = model.fit(X, Y, batch_size=4, epochs=5, verbose=0,
+                        callbacks=[budget.clock, tick, budget])
     assert tick.steps == 3  # stopped after the 3rd of 10 steps, in epoch 2
     assert len(history.history["loss"]) == 2
     assert budget.stopped and "time budget of 0.05 min" in budget.reason
@@ -114,7 +117,7 @@ def test_max_steps_stops_and_is_reported(tmp_path):
     callbacks = standard_callbacks(tmp_path, time_budget_minutes=60, max_steps=3,
                                    keep_backup=True, tensorboard=False)
     assert [type(c).__name__ for c in callbacks] == [
-        "RunGuard", "Backup", "TimeBudget", "MaxSteps", "MetricsLogger"]
+        "RunGuard", "Backup", "RunClock", "TimeBudget", "MaxSteps", "MetricsLogger"]
     history = model.fit(X, Y, batch_size=4, epochs=5, verbose=0,
                         callbacks=callbacks + [recorder])
     assert recorder.steps == 3 and int(model.optimizer.iterations) == 3
@@ -122,6 +125,9 @@ def test_max_steps_stops_and_is_reported(tmp_path):
     metrics = read_metrics(tmp_path)
     assert [e["epoch"] for e in metrics["history"]] == [1, 2]  # this run's epochs replace
     assert [e["loss"] for e in metrics["history"]] == pytest.approx(history.history["loss"])
+    seconds = [e["training_seconds"] for e in metrics["history"]]  # the run's one clock
+    recorded = json.loads((tmp_path / "run.json").read_text())["training_seconds"]
+    assert 0 < seconds[0] <= seconds[1] == recorded
     assert metrics["eval"] == {"bleu": 1}
     train = metrics["train"]
     assert train["stopped_by"] == "max_steps=3 reached" and train["last_epoch"] == 2
@@ -133,7 +139,7 @@ def test_non_chief_workers_do_not_write(tmp_path, monkeypatch):
     callbacks = standard_callbacks(tmp_path, max_steps=2, tensorboard=True)
     names = [type(c).__name__ for c in callbacks]
     assert "TensorBoard" not in names and names[-1] == "MetricsLogger"
-    assert "Backup" not in names  # it starts from the chief's state (workers.WorkerAgreement)
+    assert "Backup" not in names  # it starts from the chief's state (cluster.WorkerAgreement)
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
@@ -149,9 +155,11 @@ def test_metrics_logger_reports_every_stopper(tmp_path):
         calls.append(None)
         return 0.0 if len(calls) == 1 else 61.0
 
-    budget, steps = TimeBudget(1.0, clock=clock), MaxSteps(1)
-    logger = MetricsLogger(tmp_path, [budget, steps])
-    tiny_model().fit(X, Y, batch_size=4, epochs=1, verbose=0, callbacks=[budget, steps, logger])
+    run_clock = RunClock(clock=clock)
+    budget, steps = TimeBudget(1.0, run_clock), MaxSteps(1, clock=run_clock)
+    logger = MetricsLogger(tmp_path, [budget, steps], run_clock)
+    tiny_model().fit(X, Y, batch_size=4, epochs=1, verbose=0,
+                     callbacks=[run_clock, budget, steps, logger])
     train = read_metrics(tmp_path)["train"]
     assert train["stopped_by"] == "time budget of 1 min spent (61.0 s); max_steps=1 reached"
 
@@ -236,11 +244,11 @@ def test_fault_hook_values(monkeypatch, tmp_path):
 def test_progress_line_says_steps_of_the_bound_and_time_left():
     import io
 
-    from tfx_transformer.training.bounds import Progress
+    from tfx_transformer.training.callbacks import Progress
 
     now, out = [0.0], io.StringIO()
-    progress = Progress(total_steps=4, time_budget=2.0, offset_seconds=30.0, stream=out,
-                        clock=lambda: now[0])
+    progress = Progress(total_steps=4, time_budget=2.0, stream=out,
+                        clock=RunClock(offset_seconds=30.0, clock=lambda: now[0]))
 
     class Tick(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -248,7 +256,7 @@ def test_progress_line_says_steps_of_the_bound_and_time_left():
 
     model = tiny_model()
     model.fit(X, Y, batch_size=4, epochs=2, verbose=0, shuffle=False,
-              callbacks=[Tick(), progress])
+              callbacks=[progress.clock, Tick(), progress])
     lines = out.getvalue().splitlines()
     # 2 steps an epoch, 10 s a step, 30 s spent before this process: 2:00 - 30 s - 20 s
     assert lines[0].startswith("epoch 1 · step 2/4 · 1:10 left of 2:00 · loss ")

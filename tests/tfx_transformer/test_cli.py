@@ -1,4 +1,4 @@
-"""Tests for tfx_transformer.training.cli: the argument types, run flags, overrides, error
+"""Tests for tfx_transformer.cli: the argument types, run flags, overrides, error
 wrapper."""
 
 import argparse
@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tfx_transformer.training.cli import (
+from tfx_transformer.cli import (
     COMMON_RUN_FLAGS,
     RUN_FLAGS,
     add_override_arguments,

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tfx_transformer.training.data_spec import DataSpec, normalized, parse_data_spec
+from tfx_transformer.data_spec import DataSpec, normalized, parse_data_spec
 
 SCHEMES = {"embedded": (), "tsv": ("PATH",), "coco": ("IMAGES_DIR", "ANNOTATIONS.json"),
            "tfds": ("NAME",)}

@@ -1,4 +1,4 @@
-"""Tests for tfx_transformer.training.distribute and tfx_transformer.training.precision, and for
+"""Tests for tfx_transformer.training.distribute and tfx_transformer.training.distribute, and for
 what the two
 applications need under a strategy: NMT's replica-even batches and chief-only tokenizer,
 and one `MirroredStrategy` step of each model equal to the single-device step.
@@ -35,10 +35,10 @@ from tfx_transformer.training.distribute import (
     broadcast_from_chief,
     get_strategy,
     is_chief,
+    set_mixed_precision,
     task_index,
     tf_config,
 )
-from tfx_transformer.training.precision import set_mixed_precision
 
 
 def test_strategy_names(monkeypatch):
@@ -375,7 +375,7 @@ def test_set_mixed_precision():
 
 
 def test_auto_precision_picks_bfloat16_only_where_it_is_fast():
-    from tfx_transformer.training.precision import fast_bfloat16, resolve_mixed_precision
+    from tfx_transformer.training.distribute import fast_bfloat16, resolve_mixed_precision
 
     amx, avx = {"avx512f", "amx_tile", "amx_bf16"}, {"avx512f", "avx512_bf16"}
     assert fast_bfloat16(cpu_flags=amx, gpus=[]) == "CPU amx_bf16"

@@ -4,8 +4,7 @@ import os
 
 import pytest
 
-from tfx_transformer.training import export_dir
-from tfx_transformer.training.export_dir import write_export_dir
+from tfx_transformer.training.workdir import write_export_dir
 
 
 def _snapshot(directory):
@@ -78,7 +77,7 @@ def test_a_failed_swap_puts_the_earlier_export_back(tmp_path, monkeypatch):
     replace = os.replace
 
     def replace_but_not_into_target(src, dst):
-        if os.fspath(dst) == os.fspath(target) and export_dir.OLD_PREFIX not in os.fspath(src):
+        if os.fspath(dst) == os.fspath(target) and os.path.basename(src) != target.name:
             raise OSError("device busy")
         replace(src, dst)
 

@@ -24,10 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ROOT / "tfx_transformer" / "layers"
-# `tfx_transformer/__init__.py` re-exports the layers and `training.schedules`.
+# `tfx_transformer/__init__.py` re-exports the layers and `schedules`.
 PACKAGE_FILES = [ROOT / "tfx_transformer" / "__init__.py",
                  ROOT / "tfx_transformer" / "training" / "__init__.py",
-                 ROOT / "tfx_transformer" / "training" / "schedules.py"]
+                 ROOT / "tfx_transformer" / "schedules.py"]
 
 
 def _module_name(path: Path) -> str:

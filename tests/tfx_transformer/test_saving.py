@@ -1,4 +1,4 @@
-"""Tests for the run's state on disk (tfx_transformer.training.saving, h5files, check_workdir):
+"""Tests for the run's state on disk (tfx_transformer.training.saving):
 checkpoints written whole and in order, broken ones repaired, only what averaging needs kept,
 a full disk and NaN weights refused with the last good state intact."""
 
@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tfx_transformer.cli import run_cli
+from tfx_transformer.training import run as trainer_task
 from tfx_transformer.training import saving
-from tfx_transformer.training import task as trainer_task
 from tfx_transformer.training.callbacks import standard_callbacks
 from tfx_transformer.training.checkpoints import Averaging, choose_weights, epoch_checkpoints
-from tfx_transformer.training.cli import run_cli
 from tfx_transformer.training.run import RunOptions
+from tfx_transformer.training.saving import check_workdir
 from tfx_transformer.training.trainer import TaskData, Trainer
 from tfx_transformer.training.workdir import (
     Workdir,
-    check_workdir,
     read_metrics,
     read_state,
     write_state,
@@ -101,7 +101,7 @@ def test_the_checkpoint_is_complete_before_the_backup_records_its_epoch(tmp_path
     monkeypatch.setattr(saving, "copy_weights_only", killed_after_the_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         _fit(tmp_path, 2)
-    assert seen == [{"epoch": 1, "batch": 0, "step": 3}]  # the backup still says epoch 1 ...
+    assert seen == [{"epoch": 1, "step": 3}]  # the backup still says epoch 1 ...
     assert _loads_finite(tmp_path / "checkpoints" / "epoch-002.weights.h5")  # ... 2 is whole
     assert not list(tmp_path.rglob(".tmp-*"))  # the backup's temporary file went too
 

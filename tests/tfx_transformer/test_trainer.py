@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfx_transformer.training.callbacks import NonFiniteLossError
 from tfx_transformer.training.run import RunOptions
+from tfx_transformer.training.saving import NonFiniteLossError
 from tfx_transformer.training.trainer import Task, TaskData, Trainer
 from tfx_transformer.training.workdir import read_metrics, read_state
 
@@ -118,7 +118,7 @@ def test_fit_loads_builds_fits_exports_evaluates_and_writes_once(tmp_path):
     assert metrics["train"]["stopped_by"] == "max_steps=4 reached"
     history = metrics["history"]
     assert [e["epoch"] for e in history] == [1, 2]
-    assert "val_loss" in history[0] and metrics["train_seconds"] >= 0
+    assert "val_loss" in history[0] and metrics["training_seconds"] > 0
     assert [e["learning_rate"] for e in history] == pytest.approx([0.1, 0.1])  # recorded
     state = json.loads((tmp_path / "run.json").read_text())
     assert (state["phase"], state["epochs"], state["steps"], state["export_steps"]) == (
@@ -148,7 +148,7 @@ def test_data_of_unknown_length_trains_whole_epochs_without_a_warning(tmp_path):
 
 
 def test_the_trainer_tells_a_run_schedule_the_share_of_the_time_budget(tmp_path, monkeypatch):
-    from tfx_transformer.training.schedules import BudgetSchedule
+    from tfx_transformer.schedules import BudgetSchedule
 
     seen = []
 
@@ -169,7 +169,7 @@ def test_the_trainer_tells_a_run_schedule_the_share_of_the_time_budget(tmp_path,
             return [Watch()]
 
     # An earlier process of the run spent 3 of the 10 minutes: progress starts at 0.3.
-    (tmp_path / "run.json").write_text(json.dumps({"phase": "training", "fit_seconds": 180.0}))
+    (tmp_path / "run.json").write_text(json.dumps({"phase": "training", "training_seconds": 180.0}))
     Trainer(tmp_path, RunOptions(time_budget=10.0, max_steps=3)).fit(Scheduled([]))
     assert len(seen) == 3 and all(0.3 <= share < 0.35 for share in seen), seen
 

@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfx_transformer.training.bounds import ScheduleProgress
+from tfx_transformer.schedules import StepDropSchedule
+from tfx_transformer.training.callbacks import RunClock, ScheduleProgress
 from tfx_transformer.training.run import RunOptions
-from tfx_transformer.training.schedules import StepDropSchedule
 from tfx_transformer.training.workdir import read_metrics
 from vision.config import preset
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
@@ -277,9 +277,11 @@ def test_step_drop_at_a_share_of_the_steps_or_of_the_run_time():
     timed = StepDropSchedule(1e-3, drop_epoch=100, drop_fraction=0.5)
     optimizer = DetrAdamW(learning_rate=timed)
     # 30 s spent by an earlier process of the run: the drop comes 30 s into this one.
-    progress = ScheduleProgress(minutes=2.0, offset_seconds=30.0, clock=lambda: now[0])
-    progress.set_model(_Holder(optimizer))
-    progress.on_train_begin()
+    clock = RunClock(offset_seconds=30.0, clock=lambda: now[0])  # the run's, driven by fit
+    progress = ScheduleProgress(minutes=2.0, clock=clock)
+    for callback in (clock, progress):
+        callback.set_model(_Holder(optimizer))
+        callback.on_train_begin()
     progress.on_epoch_begin(0)
     for seconds, expected in ((0, 1e-3), (29.9, 1e-3), (30.0, 1e-4), (90.0, 1e-4)):
         now[0] = seconds

@@ -22,12 +22,12 @@ import sys
 import threading
 import time
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported (by the exports' checks)
 
 from tfx_transformer.applications import EXPORTS, registered  # noqa: E402
-from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 __all__ = ["main"]
 

@@ -1,17 +1,21 @@
 """What both trainers share: TensorFlow is allowed here, and only here in `tfx_transformer`.
 
-- `run`: `RunOptions`, the options of one run; `trainer`: `Trainer`, which drives a task
-  through fit, export, evaluation and ``metrics.json``.
-- `distribute` (strategies, cross-replica sums), `precision` (dtype policies), `bounds` (time
-  and step limits, the progress line), `callbacks` (resume, checkpoints, logs, guards),
-  `checkpoints` (averaging, the best epoch, which checkpoints to keep), `saving` (the epoch's
-  checkpoint and backup, never NaN, with room on the disk), `h5files` (weights files written
-  atomically, checked, stripped of the optimizer), `workdir` (the work directory and its records),
-  `schedules` (learning-rate schedules), `cli` (the commands' shared flags), `quiet` (their
-  quiet start), `export_dir` (writing an export directory so that a failure keeps the
-  previous export).
+Eight modules, one job each, each importing only those above it in this list:
 
-Modules are imported on use, so importing this package loads no TensorFlow.
+- `workdir`: every file a run writes (paths, the one atomic write, ``run.json``,
+  ``metrics.json``, the export swap, the lock);
+- `distribute`: the `tf.distribute` strategy, the worker's role, the dtype policy;
+- `checkpoints`: which epochs' weights the export averages, and which checkpoints to keep;
+- `run`: `RunOptions`, the `Task` protocol and its `RunContext`, what ``run.json`` decides;
+- `saving`: the epoch's checkpoint and backup (never NaN, never half-written), the checks
+  before a rerun, the testing hook;
+- `callbacks`: the run's one clock, the stop rules, the progress line, the history;
+- `cluster`: worker roles at run time: the peer watch, the chief's broadcast, agreement;
+- `trainer`: `Trainer`, which drives a `Task` through its phases.
+
+The commands' flags are in `tfx_transformer.cli`, learning-rate schedules in
+`tfx_transformer.schedules`. Modules are imported on use: importing this package loads no
+TensorFlow.
 """
 
 __all__: list[str] = []

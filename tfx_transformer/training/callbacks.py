@@ -1,19 +1,11 @@
-"""The Keras callbacks every trainer passes to `fit`: resume, checkpoints, logs, stop rules.
+"""The Keras callbacks of every `fit`: one clock, the stop rules, the progress line, the logs.
 
-`standard_callbacks` assembles them, with the stop rules of `tfx_transformer.training.bounds`
-(`TimeBudget` and `MaxSteps` stop a run cleanly: the trainer still exports and evaluates).
-`RunGuard` stops it with an error (a NaN loss, an epoch
-without batches) before anything of that epoch is saved, `tfx_transformer.training.saving.Backup`
-writes each epoch's checkpoint and backup (refusing NaN weights and a full disk),
-`MetricsLogger` writes the history to ``metrics.json``.
-
-Testing hook: ``TFX_TRANSFORMER_FAULT`` makes a run fail on purpose (`FaultInjection`,
-`inject_fault`): ``step:N`` (SIGKILL just before optimizer step N, 1-based), ``epoch:N``
-(SIGKILL just before the first step of epoch N), ``nan:N`` (the weights become NaN just before
-step N, so its loss is NaN), ``update:N`` (the weights become NaN just after step N, as after
-an update that overflowed: its loss is finite), ``export`` or ``evaluate`` (SIGKILL when that
-phase starts).
-Unset in normal use.
+`RunClock` is the run's one clock and one step count: training time counts the earlier
+processes of a resumed run (``run.json``'s ``training_seconds``), steps count from the
+optimizer's restored ``iterations``. `TimeBudget` and `MaxSteps` stop `fit` cleanly by it (the
+trainer still exports and evaluates), `ScheduleProgress` feeds it to a
+`tfx_transformer.schedules.RunSchedule`, `Progress` prints it and `MetricsLogger` records it.
+`standard_callbacks` puts them in order with `saving.RunGuard` and `saving.Backup`.
 """
 
 from __future__ import annotations
@@ -22,16 +14,15 @@ import importlib.util
 import logging
 import math
 import os
-import signal
+import sys
 import time
 from collections.abc import Callable, Iterable
 
 import keras
 
-from tfx_transformer.training.bounds import MaxSteps, Progress, TimeBudget
 from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.distribute import is_chief
-from tfx_transformer.training.saving import Backup
+from tfx_transformer.training.saving import Backup, FaultInjection, RunGuard, fault_hook
 from tfx_transformer.training.workdir import (
     Workdir,
     read_metrics,
@@ -40,139 +31,254 @@ from tfx_transformer.training.workdir import (
     write_state,
 )
 
-__all__ = ["FaultInjection", "MetricsLogger", "NonFiniteLossError", "RunGuard",
-           "inject_fault", "standard_callbacks"]
+__all__ = ["MaxSteps", "MetricsLogger", "Progress", "RunClock",
+           "ScheduleProgress", "StopRule", "TimeBudget", "plan_epochs", "standard_callbacks"]
 
-FAULT_ENV = "TFX_TRANSFORMER_FAULT"
-
-
-class NonFiniteLossError(ValueError):
-    """The loss became NaN or infinite; ``step`` is the optimizer step, ``epoch`` 1-based."""
-
-    def __init__(self, message: str, step: int, epoch: int):
-        super().__init__(message)
-        self.step, self.epoch = step, epoch
+def _iterations(model) -> int:
+    optimizer = getattr(model, "optimizer", None)
+    return int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer else 0
 
 
-class RunGuard(keras.callbacks.Callback):
-    """Ends `fit` with an error, before that epoch's checkpoint and backup are written.
-
-    A NaN or infinite loss raises `NonFiniteLossError` at the end of its step (no epoch end
-    follows, so nothing with those weights is saved and the backup keeps the last good epoch;
-    Keras's ``TerminateOnNaN`` only stops, and the epoch's checkpoint then holds NaN weights).
-    An epoch without a single batch raises `ValueError`: training on no data would loop over
-    empty epochs for ever. Put it before `tfx_transformer.training.saving.Backup`.
+class RunClock(keras.callbacks.Callback):
+    """The run's training time and optimizer steps, for every callback that needs them.
 
     Args:
-        workdir: the work directory (named in the messages).
+        offset_seconds: training time earlier processes of the run spent (>= 0).
+        clock: seconds as a float; injectable for tests. Defaults to `time.monotonic`.
     """
 
-    def __init__(self, workdir: Workdir | str | os.PathLike):
+    def __init__(self, offset_seconds: float = 0.0, clock: Callable[[], float] = time.monotonic):
         super().__init__()
-        self.workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
-        self.batches, self._epoch = 0, 0
+        self.offset_seconds, self.clock = max(0.0, float(offset_seconds)), clock
+        self.start, self.steps, self._epoch_start = None, 0, 0
+
+    def training_seconds(self) -> float:
+        """Seconds of training of the run, earlier processes included (the offset before
+        `fit`)."""
+        return self.offset_seconds + (0.0 if self.start is None else self.clock() - self.start)
+
+    def on_train_begin(self, logs=None):  # after `Backup`: it restores ``iterations``
+        self.start = self.clock()
+        self.steps = self._epoch_start = _iterations(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.batches, self._epoch = 0, epoch
+        self._epoch_start = self.steps
 
     def on_train_batch_end(self, batch, logs=None):
-        self.batches += 1
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(keras.ops.convert_to_numpy(loss))):
-            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-            last = self.workdir.latest_checkpoint()
-            kept = f"{last} and {self.workdir.backup}" if last else "nothing (first epoch)"
-            raise NonFiniteLossError(
-                f"the training loss is {float(keras.ops.convert_to_numpy(loss))} at step {step} "
-                f"(epoch {self._epoch + 1}): training stopped, nothing of this epoch was saved "
-                f"and nothing exported; the last good state is {kept}. Lower the learning rate "
-                "or check the data; a rerun resumes from the last good epoch", step,
-                self._epoch + 1)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.batches == 0:
-            raise ValueError(f"epoch {epoch + 1} had no training batches: the training data is "
-                             "empty (every example was dropped?)")
+        self.steps = self._epoch_start + batch + 1  # `batch`: the epoch's last step index
 
 
-class FaultInjection(keras.callbacks.Callback):
-    """Testing hook: ``step:N`` SIGKILLs this process, ``nan:N`` makes the weights NaN, just
-    before optimizer step N (1-based, counted over resumes); ``update:N`` makes them NaN just
-    after step N; ``epoch:N`` SIGKILLs it before epoch N's first step. See the module
-    docstring."""
+class _Timed(keras.callbacks.Callback):
+    """A callback reading a `RunClock`: the run's (given, and earlier in the callbacks), or
+    its own (None), which it then drives itself."""
 
-    def __init__(self, kind: str, step: int):
+    def __init__(self, clock: RunClock | None = None):
         super().__init__()
-        self.kind, self.step, self._epoch = kind, step, 0
+        self.own = clock is None
+        self.clock = RunClock() if clock is None else clock
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.kind == "epoch":
-            if batch == 0 and self._epoch + 1 == self.step:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return
-        if self.kind == "update" or self._steps() + 1 != self.step:
-            return
-        if self.kind == "step":
-            os.kill(os.getpid(), signal.SIGKILL)
-        self._poison()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.kind == "update" and self._steps() == self.step:
-            self._poison()
-
-    def _steps(self) -> int:
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-
-    def _poison(self) -> None:
-        for variable in self.model.trainable_variables:
-            variable.assign(keras.ops.full(variable.shape, float("nan"), variable.dtype))
-
-
-def _fault() -> tuple[str, int | None] | None:
-    value = os.environ.get(FAULT_ENV, "")
-    if not value:
-        return None
-    kind, _, step = value.partition(":")
-    if kind in ("export", "evaluate") and not step:
-        return kind, None
-    if kind in ("step", "epoch", "nan", "update") and step.isdigit() and int(step) > 0:
-        return kind, int(step)
-    raise ValueError(f"{FAULT_ENV} must be step:N, epoch:N, nan:N, update:N, export or evaluate (a "
-                     "testing hook). "
-                     f"Received: {value!r}")
-
-
-def inject_fault(phase: str) -> None:
-    """Testing hook: SIGKILLs this process when ``TFX_TRANSFORMER_FAULT`` names ``phase``."""
-    if _fault() == (phase, None):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-class MetricsLogger(keras.callbacks.Callback):
-    """Writes each epoch's logs to ``metrics.json["history"]`` and a ``"train"`` summary.
-
-    History entries are keyed by 1-based ``epoch``; a resumed or restarted run replaces the
-    entries from its first epoch on. Each epoch end also records the run's training time so
-    far, ``offset_seconds`` included, as ``fit_seconds`` in ``run.json`` (what a resumed run's
-    time budget counts from). Only the chief writes.
-
-    Args:
-        workdir: the work directory.
-        stoppers: callbacks with ``stopped``/``reason`` (`TimeBudget`, `MaxSteps`) to report.
-        offset_seconds: training time earlier processes of the run spent.
-    """
-
-    def __init__(self, workdir: Workdir | str | os.PathLike, stoppers: Iterable = (),
-                 offset_seconds: float = 0.0):
-        super().__init__()
-        self.workdir, self.stoppers, self.write = workdir, list(stoppers), is_chief()
-        self.offset_seconds = float(offset_seconds)
+    def set_model(self, model):
+        super().set_model(model)
+        if self.own:
+            self.clock.set_model(model)
 
     def on_train_begin(self, logs=None):
-        self._start, self.last_epoch = time.monotonic(), None
+        if self.own:
+            self.clock.on_train_begin(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.own:
+            self.clock.on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.own:
+            self.clock.on_train_batch_end(batch, logs)
+
+
+class StopRule(keras.callbacks.Callback):
+    """A callback that may end `fit` early: once it does, ``stopped`` is True and ``reason``
+    says why (`MetricsLogger` records it)."""
+
+    stopped: bool = False
+    reason: str | None = None
+
+    def stop(self, reason: str) -> None:
+        self.model.stop_training = self.stopped = True
+        self.reason = reason
+
+
+class TimeBudget(StopRule, _Timed):
+    """Stops `fit` at the first batch end once the run's training time reaches ``minutes``
+    (a resumed run gets what is left of the budget, not a new one)."""
+
+    def __init__(self, minutes: float, clock: RunClock | None = None):
+        if not minutes > 0:
+            raise ValueError(f"`time_budget` must be > 0 minutes. Received: {minutes!r}")
+        _Timed.__init__(self, clock)
+        self.minutes, self.stopped, self.reason = float(minutes), False, None
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        elapsed = self.clock.training_seconds()
+        if elapsed >= 60.0 * self.minutes and not self.stopped:
+            self.stop(f"time budget of {self.minutes:g} min spent ({elapsed:.1f} s)")
+
+
+class MaxSteps(StopRule, _Timed):
+    """Stops `fit` once the optimizer has taken ``max_steps`` steps in total (counted over
+    resumes). ``bound`` names the bound in ``reason`` (default ``max_steps=N``; the trainer
+    says ``epochs=N`` when an epoch bound is met in steps)."""
+
+    def __init__(self, max_steps: int, bound: str | None = None, clock: RunClock | None = None):
+        if not (isinstance(max_steps, int) and max_steps > 0):
+            raise ValueError(f"`max_steps` must be a positive int. Received: {max_steps!r}")
+        _Timed.__init__(self, clock)
+        self.max_steps, self.stopped, self.reason = max_steps, False, None
+        self.bound = bound or f"max_steps={max_steps}"
+
+    @property
+    def steps(self) -> int:
+        return self.clock.steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.clock.steps >= self.max_steps and not self.stopped:
+            self.stop(f"{self.bound} reached")
+
+
+def plan_epochs(epochs: int, total_steps: int | None, steps_per_epoch: int | None,
+                done_epochs: int = 0, done_steps: int = 0) -> int:
+    """Epochs to pass to `fit` so that the run reaches ``total_steps`` optimizer steps.
+
+    A run continues from its backup: ``done_epochs`` epochs (as Keras counts them: an epoch
+    cut short by a bound counts as done) holding ``done_steps`` steps; `fit` needs those plus
+    enough whole epochs for the steps left, and `MaxSteps` stops it at the exact step.
+    Without a step bound or a known epoch length, ``epochs`` is the answer.
+    """
+    if total_steps is None or not steps_per_epoch or steps_per_epoch < 0:
+        return epochs
+    left = max(0, total_steps - done_steps)
+    return max(1, done_epochs + math.ceil(left / steps_per_epoch))
+
+
+class ScheduleProgress(_Timed):
+    """Tells a `tfx_transformer.schedules.RunSchedule` learning rate where the run is: its
+    ``epoch`` at each epoch's start (as `fit` counts, over resumes) and, with a time budget of
+    ``minutes``, its ``progress`` before every step (the share of the budget spent). Any other
+    rate is left alone. Puts the rate into each epoch's logs as ``learning_rate``."""
+
+    def __init__(self, minutes: float | None = None, clock: RunClock | None = None):
+        super().__init__(clock)
+        self.minutes = minutes
+
+    @property
+    def schedule(self):
+        """The optimizer's `RunSchedule`, or None."""
+        from tfx_transformer.schedules import RunSchedule
+
+        # Keras has no public accessor of the schedule object (`learning_rate` is its value).
+        rate = getattr(getattr(self.model, "optimizer", None), "_learning_rate", None)
+        return rate if isinstance(rate, RunSchedule) else None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        self.on_train_batch_begin(0)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        if self.schedule is not None:
+            self.schedule.epoch.assign(int(epoch))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.minutes is not None and self.schedule is not None:
+            share = min(1.0, self.clock.training_seconds() / (60.0 * self.minutes))
+            self.schedule.progress.assign(share)
+
+    def on_epoch_end(self, epoch, logs=None):
+        optimizer = getattr(self.model, "optimizer", None)
+        if logs is not None and optimizer is not None:
+            logs["learning_rate"] = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def _clock_text(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class Progress(_Timed):
+    """The run's progress line, in place of Keras's per-epoch bar (give `fit` ``verbose=0``):
+    ``epoch 3 · step 340/1000 · 5:12 left of 8:00 · loss 3.2140 · val_loss 3.0021 · lr
+    1.2e-03`` at each epoch's end, and kept up to date in place on a terminal (every
+    ``interval`` seconds). ``total_steps``, ``time_budget`` (minutes) and ``epochs`` are the
+    run's bounds (None: not shown). Only the chief prints, to ``stream`` (default stdout)."""
+
+    def __init__(self, total_steps: int | None = None, time_budget: float | None = None,
+                 epochs: int | None = None, stream=None, clock: RunClock | None = None,
+                 interval: float = 1.0):
+        super().__init__(clock)
+        self.total_steps, self.time_budget, self.epochs = total_steps, time_budget, epochs
+        self.stream, self.interval, self.write = stream, interval, is_chief()
+        self.epoch, self.last = 0, -math.inf
+
+    def _stream(self):
+        return self.stream if self.stream is not None else sys.stdout
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self.epoch = epoch
+
+    def line(self, logs=None) -> str:
+        """The progress line for the current state and ``logs``."""
+        parts = [f"epoch {self.epoch + 1}" + (f"/{self.epochs}" if self.epochs else "")]
+        parts.append(f"step {self.clock.steps}" + (
+            f"/{self.total_steps}" if self.total_steps else ""))
+        if self.time_budget is not None:
+            left = 60.0 * self.time_budget - self.clock.training_seconds()
+            parts.append(f"{_clock_text(left)} left of {_clock_text(60.0 * self.time_budget)}")
+        for key, value in (logs or {}).items():
+            try:
+                parts += [] if key == "learning_rate" else [f"{key} {float(value):.4f}"]
+            except (TypeError, ValueError):
+                continue
+        try:
+            rate = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+            parts.append(f"lr {rate:.2e}")
+        except Exception:  # no optimizer, or a rate that cannot be read here
+            pass
+        return " · ".join(parts)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        stream = self._stream()
+        if not (self.write and getattr(stream, "isatty", lambda: False)()):
+            return
+        now = self.clock.clock()
+        if now - self.last >= self.interval:
+            self.last = now
+            stream.write("\r\033[K" + self.line(logs))
+            stream.flush()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.write:
+            stream = self._stream()
+            prefix = "\r\033[K" if getattr(stream, "isatty", lambda: False)() else ""
+            stream.write(prefix + self.line(logs) + "\n")
+            stream.flush()
+
+
+class MetricsLogger(_Timed):
+    """Writes each epoch's logs and the run's ``training_seconds`` so far to
+    ``metrics.json["history"]`` (keyed by 1-based ``epoch``: a resumed run replaces the
+    entries from its first epoch on) and to ``run.json`` (what a resumed run's time budget
+    counts from); at the end, a ``"train"`` summary with the ``stoppers`` that stopped `fit`
+    (callbacks with ``stopped``/``reason``). Only the chief writes."""
+
+    def __init__(self, workdir: Workdir | str | os.PathLike, stoppers: Iterable = (),
+                 clock: RunClock | None = None):
+        super().__init__(clock)
+        self.workdir, self.stoppers, self.write = workdir, list(stoppers), is_chief()
+        self.last_epoch = None
 
     def on_epoch_end(self, epoch, logs=None):
         self.last_epoch = epoch + 1
@@ -180,85 +286,54 @@ class MetricsLogger(keras.callbacks.Callback):
             return
         # Keep earlier epochs only: drops a stale entry for this epoch and anything after it.
         old = [e for e in read_metrics(self.workdir).get("history", []) if e["epoch"] <= epoch]
-        elapsed = time.monotonic() - self._start
-        entry = {"epoch": epoch + 1, "elapsed_s": round(elapsed, 3)}
-        write_metrics(self.workdir, {"history": old + [to_json({**entry, **(logs or {})})]})
-        write_state(self.workdir, fit_seconds=round(self.offset_seconds + elapsed, 3))
+        seconds = round(self.clock.training_seconds(), 3)
+        entry = {**(logs or {}), "epoch": epoch + 1, "training_seconds": seconds}
+        write_metrics(self.workdir, {"history": old + [to_json(entry)]})
+        write_state(self.workdir, training_seconds=seconds)
 
     def on_train_end(self, logs=None):
         reasons = [s.reason for s in self.stoppers if getattr(s, "stopped", False)]
         if self.write and self.last_epoch is not None:  # a resumed fit with nothing left
             write_metrics(self.workdir, {"train": {
                 "last_epoch": self.last_epoch, "stopped_by": "; ".join(reasons) or None,
-                "elapsed_s": round(time.monotonic() - self._start, 3),
                 "final_logs": logs or {}}})
 
 
-def standard_callbacks(
-    workdir: Workdir | str | os.PathLike,
-    time_budget_minutes: float | None = None,
-    max_steps: int | None = None,
-    *,
-    keep_backup: bool = False,
-    tensorboard: bool | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    offset_seconds: float = 0.0,
-    progress: Progress | None = None,
-    averaging: Averaging = Averaging(),
-    stop_rules: Iterable = (),
-) -> list[keras.callbacks.Callback]:
-    """The callbacks every trainer passes to `fit`, in order.
-
-    `RunGuard` (first: it raises before the epoch's checkpoint and backup are written),
-    `Backup(DIR/backup)` (before the others, so they see the restored state; the model must be
-    built before `fit`), which also writes each epoch's weights to
-    ``DIR/checkpoints/epoch-NNN.weights.h5`` and keeps those ``averaging`` needs,
-    `TensorBoard(DIR/logs)`, `TimeBudget` and
-    `MaxSteps` when asked, `MetricsLogger`, ``progress`` when given, and `FaultInjection`
-    when the testing hook asks. Non-chief workers write nothing: no backup, checkpoints or
-    logs (they start from the chief's state: `tfx_transformer.training.workers`).
-
-    Args:
-        workdir: the work directory.
-        time_budget_minutes: stop after this much training time (None: no budget).
-        max_steps: stop after this many optimizer steps in total (None: no limit).
-        keep_backup: keep ``DIR/backup`` after a finished `fit` (Keras deletes it by default).
-        tensorboard: include the `TensorBoard` callback; None (default): when the
-            ``tensorboard`` package is installed (TensorFlow 2.21 does not depend on it).
-        clock: clock for `TimeBudget`.
-        offset_seconds: training time earlier processes of this run spent (``run.json``'s
-            ``fit_seconds``); the time budget counts it.
-        progress: the `Progress` line (give `fit` ``verbose=0``), or None.
-        averaging: what the run exports: the epoch checkpoints it needs are kept
-            (`Averaging.needed`), the others deleted (default: the last epoch's only).
-        stop_rules: more callbacks with ``stopped``/``reason`` (a task's ``Patience``), whose
-            stop `MetricsLogger` reports in ``metrics.json["train"]["stopped_by"]``.
-    """
+def standard_callbacks(workdir: Workdir | str | os.PathLike,
+                       time_budget_minutes: float | None = None,
+                       max_steps: int | None = None, *, clock: RunClock | None = None,
+                       keep_backup: bool = False, tensorboard: bool | None = None,
+                       progress: Progress | None = None, averaging: Averaging = Averaging(),
+                       stop_rules: Iterable = ()) -> list[keras.callbacks.Callback]:
+    """The callbacks every trainer passes to `fit`, in order: `RunGuard` (it raises before
+    the epoch is saved), `Backup` (it restores before the others look; the model must be built
+    before `fit`), ``clock`` (a new `RunClock` when None), `TensorBoard(DIR/logs)` (None: when
+    ``tensorboard`` is installed), `TimeBudget` and `MaxSteps` when asked, `MetricsLogger`
+    (reporting those and ``stop_rules``, e.g. a task's ``Patience``), ``progress`` and, when the
+    testing hook asks, `FaultInjection`. ``keep_backup`` keeps ``DIR/backup`` after `fit`;
+    ``averaging`` says which epoch checkpoints to keep. Non-chief workers write nothing (they
+    start from the chief's state: `tfx_transformer.training.cluster`)."""
     workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
-    chief = is_chief()
+    clock = RunClock() if clock is None else clock
 
     def keep(epoch: int, logs: dict) -> set:
         history = [e for e in read_metrics(workdir).get("history", []) if e["epoch"] < epoch]
         return averaging.needed(history + [{**logs, "epoch": epoch}])
 
     callbacks = [RunGuard(workdir)]
-    if chief:
-        callbacks.append(Backup(workdir.backup, delete_checkpoint=not keep_backup,
-                                checkpoints=workdir.checkpoints, keep=keep))
+    if is_chief():
+        callbacks.append(Backup(workdir, delete_checkpoint=not keep_backup, keep=keep))
+    callbacks.append(clock)
     if tensorboard is None:
         tensorboard = importlib.util.find_spec("tensorboard") is not None
         if not tensorboard:
             logging.getLogger(__name__).warning("`tensorboard` is not installed: no DIR/logs")
-    if tensorboard and chief:
+    if tensorboard and is_chief():
         callbacks.append(keras.callbacks.TensorBoard(str(workdir.logs)))
-    stoppers = []
-    if time_budget_minutes is not None:
-        stoppers.append(TimeBudget(time_budget_minutes, clock=clock,
-                                   offset_seconds=offset_seconds))
-    if max_steps is not None:
-        stoppers.append(MaxSteps(max_steps))
-    fault = _fault()
+    stoppers = [TimeBudget(time_budget_minutes, clock)] if time_budget_minutes is not None else []
+    stoppers += [MaxSteps(max_steps, clock=clock)] if max_steps is not None else []
+    fault = fault_hook()
     faults = [FaultInjection(*fault)] if fault and fault[1] is not None else []
     shown = [progress] if progress is not None else []
-    logger = MetricsLogger(workdir, [*stop_rules, *stoppers], offset_seconds)
+    logger = MetricsLogger(workdir, [*stop_rules, *stoppers], clock)
     return callbacks + stoppers + [logger] + shown + faults

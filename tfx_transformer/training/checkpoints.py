@@ -26,8 +26,7 @@ import keras
 import numpy as np
 
 from tfx_transformer import checks
-from tfx_transformer.training.h5files import checkpoint_files
-from tfx_transformer.training.workdir import Workdir, read_metrics
+from tfx_transformer.training.workdir import Workdir, checkpoint_files, read_metrics
 
 __all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "Averaging", "average_count", "average_weights",
            "best_epoch", "choose_weights", "epoch_checkpoints"]

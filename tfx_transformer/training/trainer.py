@@ -14,15 +14,13 @@ says so and changes nothing. A larger ``epochs`` or ``max_steps`` continues a fi
 from its last state; ``RunOptions.restart`` starts over (the earlier run's files move to
 ``DIR/previous-N/``; its ``export/`` stays until the new export replaces it).
 
-The `Task` protocol, and the `RunContext` a task gets, are in
-`tfx_transformer.training.task`.
+The `Task` protocol, and the `RunContext` a task gets, are in `tfx_transformer.training.run`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -30,36 +28,54 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from tfx_transformer.training.bounds import (
+from tfx_transformer.training.callbacks import (
     MaxSteps,
     Progress,
+    RunClock,
     ScheduleProgress,
     StopRule,
     plan_epochs,
+    standard_callbacks,
 )
-from tfx_transformer.training.callbacks import inject_fault, standard_callbacks
-from tfx_transformer.training.distribute import get_strategy, is_chief, tf_config
-from tfx_transformer.training.precision import fast_bfloat16, set_mixed_precision
-from tfx_transformer.training.run import LONG_RUN_EPOCHS, RunOptions
-from tfx_transformer.training.run_state import check_data, needs_training, read_run_state
-from tfx_transformer.training.saving import check_export, check_training_space, save_model_file
-from tfx_transformer.training.task import RunContext, Task, TaskData  # re-exported
+from tfx_transformer.training.cluster import (
+    WorkerAgreement,
+    chief_address,
+    peer_watch,
+    start_peer_watch,
+    watched,
+)
+from tfx_transformer.training.distribute import (
+    fast_bfloat16,
+    get_strategy,
+    is_chief,
+    set_mixed_precision,
+    tf_config,
+)
+from tfx_transformer.training.run import (  # RunContext, Task, TaskData: re-exported
+    LONG_RUN_EPOCHS,
+    RunContext,
+    RunOptions,
+    Task,
+    TaskData,
+    check_data,
+    needs_training,
+    read_run_state,
+)
+from tfx_transformer.training.saving import (
+    check_export,
+    check_training_space,
+    check_workdir,
+    inject_fault,
+    save_model_file,
+)
 from tfx_transformer.training.workdir import (
     Workdir,
-    check_workdir,
     lock_workdir,
     move_aside,
     read_metrics,
     read_state,
     write_metrics,
     write_state,
-)
-from tfx_transformer.training.workers import (
-    WorkerAgreement,
-    chief_address,
-    peer_watch,
-    start_peer_watch,
-    watched,
 )
 
 __all__ = ["RunContext", "Task", "TaskData", "Trainer"]
@@ -70,7 +86,7 @@ class Trainer:
 
     Creating it gets the `tf.distribute` strategy (before any other TensorFlow work, as
     ``multi_worker`` requires), sets the dtype policy and the random seed and creates the work
-    directory. The clock of ``train_seconds`` starts here.
+    directory.
 
     Args:
         workdir: the work directory.
@@ -91,9 +107,8 @@ class Trainer:
             raise ValueError("`--time-budget` cannot bound a `--strategy multi_worker` run: "
                              "each worker measures its own time, so they would stop at "
                              "different steps; bound it with `--max-steps` or `--epochs`")
-        self.started = time.monotonic()
         if run.strategy == "multi_worker":  # a chief gone while the strategy connects ends
-            start_peer_watch(tf_config())   # this worker too (`workers.PeerWatch`)
+            start_peer_watch(tf_config())   # this worker too (`cluster.PeerWatch`)
         self.strategy: tf.distribute.Strategy = get_strategy(run.strategy)
         policy = set_mixed_precision(run.mixed_precision)
         keras.utils.set_random_seed(run.seed)
@@ -109,10 +124,10 @@ class Trainer:
         return self.strategy.num_replicas_in_sync
 
     @property
-    def fit_seconds(self) -> float:
-        """Training time the earlier processes of this run spent (0 for a new run): what a
-        resumed or continued run's time budget and schedule count from."""
-        return float(read_state(self.workdir).get("fit_seconds", 0.0))
+    def training_seconds(self) -> float:
+        """Training time (inside `fit`) the earlier processes of this run spent (0 for a new
+        run): what a resumed or continued run's time budget and schedule count from."""
+        return float(read_state(self.workdir).get("training_seconds", 0.0))
 
     def fit(self, task: Task, callbacks: Iterable[keras.callbacks.Callback] = ()) -> dict:
         """Runs ``task``; on the chief only, exports, evaluates and writes metrics.json.
@@ -134,7 +149,7 @@ class Trainer:
            writes the SavedModel and the trainer ``DIR/model.keras`` (unless recorded as
            done) once the weights are found finite and the disk has room (`check_export`).
         7. ``task.evaluate`` returns the ``metrics.json`` entries, ``"valid"`` among them;
-           they and ``train_seconds`` are merged into ``metrics.json``. ``DIR/run.json``
+           they and ``training_seconds`` are merged into ``metrics.json``. ``DIR/run.json``
            records each phase as it ends; the backup is kept.
 
         Returns:
@@ -143,7 +158,7 @@ class Trainer:
         Raises:
             ValueError: a broken file or a run on other data in the work directory, bad data,
                 no training batches, a NaN loss or NaN weights (`NonFiniteLossError`,
-                `NonFiniteWeightsError`), a full disk (`h5files.NoSpaceError`).
+                `NonFiniteWeightsError`), a full disk (`workdir.NoSpaceError`).
         """
         with lock_workdir(self.workdir):
             if self.run.strategy != "multi_worker":
@@ -213,7 +228,8 @@ class Trainer:
         entries = dict(task.evaluate(model))
         if "valid" not in entries:
             raise KeyError("`Task.evaluate` must return the 'valid' scores among its entries")
-        write_metrics(self.workdir, {**entries, "train_seconds": state.get("train_seconds")})
+        write_metrics(self.workdir, {**entries,
+                                     "training_seconds": state.get("training_seconds")})
         self._record(phase="finished")
         return entries["valid"]
 
@@ -226,20 +242,18 @@ class Trainer:
         spe = data.steps_per_epoch
         total = context.total_steps(spe)
         epochs = plan_epochs(request["epochs"], total, spe, self.resume_epoch, self.resume_step)
-        epoch_bound = []
+        clock, epoch_bound = RunClock(self.training_seconds), []
         if total is not None and spe and (run.max_steps is None or total < run.max_steps) and \
                 self.resume_step + (epochs - self.resume_epoch) * spe > total:
-            epoch_bound = [MaxSteps(total, bound=f"epochs={request['epochs']}")]
-        spent = self.fit_seconds
+            epoch_bound = [MaxSteps(total, bound=f"epochs={request['epochs']}", clock=clock)]
         check_training_space(model, workdir.root)
-        progress = Progress(total, run.time_budget, spent,
+        progress = Progress(total, run.time_budget, clock=clock,
                             epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
         task_callbacks = list(task.callbacks(context, model))
-        all_callbacks = [ScheduleProgress(run.time_budget, spent),
+        all_callbacks = [ScheduleProgress(run.time_budget, clock),
                          *task_callbacks,
                          *standard_callbacks(workdir, run.time_budget, run.max_steps,
-                                             keep_backup=True, offset_seconds=spent,
-                                             progress=progress,
+                                             clock=clock, keep_backup=True, progress=progress,
                                              averaging=task.averaging,
                                              stop_rules=[*epoch_bound, *(
                                                  c for c in task_callbacks
@@ -257,12 +271,11 @@ class Trainer:
             history = model.fit(data.train, validation_data=data.valid, epochs=epochs,
                                 shuffle=False, callbacks=all_callbacks, verbose=0)
         epochs_done = max([e + 1 for e in history.epoch], default=0)
-        metadata = workdir.backup / "training_metadata.json"
-        if metadata.exists():  # also counts the epochs of earlier processes
-            epochs_done = json.loads(metadata.read_text()).get("epoch", epochs_done)
+        if workdir.backup_metadata.exists():  # also counts the epochs of earlier processes
+            epochs_done = json.loads(workdir.backup_metadata.read_text()).get("epoch", epochs_done)
         return self._record(phase="trained", epochs=epochs_done, steps=_iterations(model),
                             steps_per_epoch=spe,
-                            train_seconds=round(time.monotonic() - self.started, 1))
+                            training_seconds=round(clock.training_seconds(), 3))
 
     def _check_data(self, data: str) -> str:
         """The data spec as recorded; a new run records it (and its split) now."""
@@ -295,7 +308,7 @@ class Trainer:
 
     def _restore(self, model: keras.Model, state: dict) -> None:
         """The fitted weights and optimizer state of a run killed after `fit`, from the backup."""
-        weights = self.workdir.backup / "latest.weights.h5"
+        weights = self.workdir.backup_weights
         if not weights.exists():
             raise ValueError(f"{self.workdir.state} says training is done, but {weights} is "
                              "missing; rerun with --restart")

@@ -16,12 +16,12 @@ import shutil
 import sys
 import tempfile
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported
 
-from tfx_transformer.training.cli import run_cli  # noqa: E402
-from tfx_transformer.training.h5files import NEW_DIR_MODE  # noqa: E402
+from tfx_transformer.cli import run_cli  # noqa: E402
+from tfx_transformer.training.workdir import NEW_DIR_MODE  # noqa: E402
 
 
 def command(argv=None) -> int:

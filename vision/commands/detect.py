@@ -15,14 +15,14 @@ import json
 import os
 import sys
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfx_transformer.training.cli import run_cli  # noqa: E402
+from tfx_transformer.cli import run_cli  # noqa: E402
 from vision.data.decode import decode_image  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
 from vision.serving import load_detector  # noqa: E402

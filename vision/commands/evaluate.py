@@ -17,11 +17,11 @@ import argparse
 import json
 import sys
 
-from tfx_transformer.training.quiet import quiet_start
+from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
-from tfx_transformer.training.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
 from vision.data.sources import evaluation_split, load_source  # noqa: E402
 from vision.serving import load_detector  # noqa: E402
 from vision.training.evaluate import evaluate_records, match_labels  # noqa: E402

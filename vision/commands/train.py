@@ -10,12 +10,12 @@ import argparse
 import os
 import sys
 
-from tfx_transformer.training.quiet import onednn_default, quiet_start
+from tfx_transformer.quiet import onednn_default, quiet_start
 
 onednn_default()  # TensorFlow's oneDNN kernels: faster training steps on x86-64
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
-from tfx_transformer.training.cli import (  # noqa: E402
+from tfx_transformer.cli import (  # noqa: E402
     COMMON_RUN_FLAGS,
     add_override_arguments,
     add_run_arguments,

@@ -30,9 +30,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
-from tfx_transformer import checks
-from tfx_transformer.training import data_spec
-from tfx_transformer.training.data_spec import DataSpec
+from tfx_transformer import checks, data_spec
+from tfx_transformer.data_spec import DataSpec
 from vision.data import coco, decode, shapes, tfds_source
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 

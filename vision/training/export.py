@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import keras
 import tensorflow as tf
 
-from tfx_transformer.training.export_dir import write_export_dir
+from tfx_transformer.training.workdir import write_export_dir
 from vision.data.augment import normalize_image, resized_shape
 from vision.data.decode import decode_image
 from vision.modeling.postprocess import postprocess
@@ -172,7 +172,7 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
     image of zero height or width fails with an `InvalidArgumentError` that says so.
 
     The export is written to a temporary directory beside ``path`` and moved into place at the
-    end (`tfx_transformer.training.export_dir.write_export_dir`), so a failed export leaves
+    end (`tfx_transformer.training.workdir.write_export_dir`), so a failed export leaves
     the previous one as it was.
 
     Args:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 import keras
 import tensorflow as tf
 
+from tfx_transformer.schedules import StepDropSchedule
 from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.run import RunOptions
-from tfx_transformer.training.schedules import StepDropSchedule
 from tfx_transformer.training.trainer import RunContext, Task, TaskData, Trainer
 from vision.config import DetrConfig
 from vision.data.augment import DetrSizes

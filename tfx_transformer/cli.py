@@ -15,7 +15,7 @@ error that names a field set by a flag of the tables (```batch_size```, ``batch_
 the flag instead (```--batch-size```, ``--batch-size 0``): the user typed that.
 
 The commands start quietly (no TensorFlow start-up lines): their first import is
-`tfx_transformer.training.quiet`; ``--verbose`` or ``TFX_TRANSFORMER_VERBOSE=1`` keeps those
+`tfx_transformer.quiet`; ``--verbose`` or ``TFX_TRANSFORMER_VERBOSE=1`` keeps those
 lines.
 """
 
@@ -30,8 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tfx_transformer import checks
-from tfx_transformer.training.distribute import STRATEGIES
-from tfx_transformer.training.precision import MIXED_PRECISION
+from tfx_transformer.training.distribute import MIXED_PRECISION, STRATEGIES
 from tfx_transformer.training.run import RunOptions
 
 __all__ = [
@@ -183,7 +182,7 @@ def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> in
     """
     import tensorflow as tf  # only for its NotFoundError: argparse helpers need no TensorFlow
 
-    from tfx_transformer.training.workers import WorkerLostError
+    from tfx_transformer.training.cluster import WorkerLostError
 
     try:
         return int(main_fn(*args, **kwargs) or 0)

@@ -1,4 +1,4 @@
-"""tfx_transformer.training.workers in one process: the chief's state and stop decision on
+"""tfx_transformer.training.cluster in one process: the chief's state and stop decision on
 every worker (the collective replaced by what the chief sent), the peer watch on a real
 socket, and the data seed of a resumed run. Real workers: tests/test_multi_worker.py."""
 
@@ -12,10 +12,10 @@ import keras
 import numpy as np
 import pytest
 
-from tfx_transformer.training import workers
+from tfx_transformer.training import cluster
+from tfx_transformer.training.cluster import PeerWatch, WorkerAgreement
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.trainer import Trainer
-from tfx_transformer.training.workers import PeerWatch, WorkerAgreement
 
 
 def _model(seed):
@@ -32,7 +32,7 @@ def _values(model):
 
 def test_every_worker_starts_from_the_chiefs_state_and_stops_after_its_epoch(monkeypatch):
     sent = []  # what the chief's side of each collective carries, in order
-    monkeypatch.setattr(workers, "from_replica_0", lambda local, strategy: (
+    monkeypatch.setattr(cluster, "from_replica_0", lambda local, strategy: (
         sent.append(np.array(local)), local)[1])
     chief = _model(1)
     chief._initial_epoch = 3  # restored from its backup
@@ -50,7 +50,7 @@ def test_every_worker_starts_from_the_chiefs_state_and_stops_after_its_epoch(mon
         assert local.shape == chiefs.shape and local.dtype == chiefs.dtype
         return chiefs
 
-    monkeypatch.setattr(workers, "from_replica_0", from_chief)
+    monkeypatch.setattr(cluster, "from_replica_0", from_chief)
     other = _model(2)  # other weights, other optimizer state (another iteration count)
     assert any(not np.array_equal(a, b) for a, b in zip(_values(other), want))
     agreement = WorkerAgreement(strategy=None)
@@ -88,7 +88,7 @@ def test_a_chief_seen_up_then_gone_ends_the_worker_with_one_named_line(monkeypat
               "task": {"type": "worker", "index": 1}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(config))
     stderr, exits = io.StringIO(), []
-    monkeypatch.setattr(workers.sys, "stderr", stderr)
+    monkeypatch.setattr(cluster.sys, "stderr", stderr)
     watch = PeerWatch(config, poll_seconds=0.05, misses=3, exit=exits.append)
     watch.watch({"worker 0", "worker 2"})
     time.sleep(0.5)

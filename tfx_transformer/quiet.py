@@ -1,6 +1,6 @@
 """The first import of every command: TensorFlow starts without its log lines.
 
-    from tfx_transformer.training.quiet import quiet_start
+    from tfx_transformer.quiet import quiet_start
     quiet_start()
 
 before anything else imports TensorFlow (this module and the packages above it import none).

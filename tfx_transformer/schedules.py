@@ -5,7 +5,7 @@
 end being the run's step limit or its time budget, whichever comes first: a run of 8 minutes
 gets the whole schedule in 8 minutes, whatever its speed. `StepDropSchedule` is DETR's drop
 to a tenth, by epoch or by the share of the run done. Both are `RunSchedule`s: the trainer
-tells them where the run is (`tfx_transformer.training.bounds.ScheduleProgress`).
+tells them where the run is (`tfx_transformer.training.callbacks.ScheduleProgress`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class RunSchedule(keras.optimizers.schedules.LearningRateSchedule):
     optimizer's iteration (0 for the first update, counted as 1), ``total_steps`` the run's
     step bound (None: not bounded by steps), and ``progress`` a variable the trainer sets
     before every step to the share of the run's time budget spent, counting the training time
-    of every process of the run (`tfx_transformer.training.bounds.ScheduleProgress`; 0 without
+    of every process of the run (`tfx_transformer.training.callbacks.ScheduleProgress`; 0 without
     a time budget). ``epoch`` is a variable it sets at every epoch's start (0-based, counting
     the epochs of earlier processes). Both come from state that a resumed run restores, so it
     carries on where it stopped.
