@@ -55,9 +55,9 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
     )
     memory_mask = ops.repeat(memory_mask, beam_size, axis=0)  # (B·K, S)
     if cached:
-        cross = tuple(ops.repeat(c, beam_size, axis=0)  # (B·K, 2, S, H, D) per layer
+        cross = tuple(ops.repeat(c, beam_size, axis=1)  # (2, B·K, H, S, D) per layer
                       for c in _cross_caches(model, memory))
-        cache = _caches(model, batch * beam_size, first_width)  # (B·K, 2, W, H, D) per layer
+        cache = _caches(model, batch * beam_size, first_width)  # (2, B·K, H, W, D) per layer
     else:
         memory = ops.repeat(memory, beam_size, axis=0)  # (B·K, S, d)
         cache = ()
@@ -69,8 +69,8 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
     # The finished hypothesis that must beat the bound (transformers: the K-th).
     decided = beam_size - 1 if nbest or hf else 0
 
-    def pick(x, parent):  # x (B·K, ...); parent (B, K') beam index in [0, K)
-        return ops.take(x, ops.reshape(parent + rows, (-1,)), axis=0)
+    def pick(x, parent, axis=0):  # x (B·K, ...) on `axis`; parent (B, K') index in [0, K)
+        return ops.take(x, ops.reshape(parent + rows, (-1,)), axis=axis)
 
     def cond(width, i, alive_seq, alive_logp, fin_seq, fin_score, is_open, *cache):
         return ops.logical_and(i < width, ops.any(is_open))
@@ -117,7 +117,7 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
         # Live: the K best extensions that do not end in eos.
         eos_column = ops.arange(beam_size * vocab) % vocab == eos
         alive_logp, parent, _, alive_seq = extend(ops.where(eos_column, NEG, flat))
-        cache = tuple(pick(c, parent) for c in cache)
+        cache = tuple(pick(c, parent, axis=1) for c in cache)  # one gather per cache
 
         worst = fin_score[:, decided]
         if hf:  # transformers' early_stopping=False: the best live one at its current length

@@ -79,12 +79,12 @@ def _start_tokens(model, batch, max_length, beam_size=None):
 
 
 def _caches(model, batch, width):
-    """Empty self-attention caches, one ``(R, 2, width, H, D)`` per decoder layer."""
+    """Empty self-attention caches, one ``(2, R, H, width, D)`` per decoder layer."""
     return tuple(layer.empty_cache(batch, width) for layer in model.decoder.layers)
 
 
 def _cross_caches(model, memory):
-    """Cross-attention keys/values of ``memory``, one ``(R, 2, S, H, D)`` per decoder layer."""
+    """Cross-attention keys/values of ``memory``, one ``(2, R, H, S, D)`` per decoder layer."""
     return tuple(layer.compute_cross_attention_cache(memory) for layer in model.decoder.layers)
 
 
@@ -107,7 +107,7 @@ def _decode_step(model, tokens, index, caches, cross, memory_mask):
 
 def _cached_loop(cond, body, state, num_caches, first_width, max_length):
     """``ops.while_loop`` whose state ends with ``num_caches`` self-attention caches
-    ``(R, 2, W, H, D)``.
+    ``(2, R, H, W, D)``.
 
     Runs while ``cond(W, *state)`` with the caches ``first_width`` wide, then pads them with
     zeros to ``max_length`` and runs on while ``cond(max_length, *state)`` (no step at all
@@ -115,6 +115,6 @@ def _cached_loop(cond, body, state, num_caches, first_width, max_length):
     """
     state = ops.while_loop(functools.partial(cond, first_width), body, state)
     rest, caches = state[:-num_caches], state[-num_caches:]
-    padding = [[0, 0], [0, 0], [0, max_length - first_width], [0, 0], [0, 0]]
+    padding = [[0, 0], [0, 0], [0, 0], [0, max_length - first_width], [0, 0]]
     caches = tuple(ops.pad(cache, padding) for cache in caches)
     return ops.while_loop(functools.partial(cond, max_length), body, (*rest, *caches))

@@ -230,8 +230,8 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         Args:
             tokens: ``(B, 1)`` ids at position ``index``.
             index: scalar int position.
-            cache: self-attention cache ``(B, L, 2, T_max, H, D)``.
-            cross_cache: cross-attention keys/values ``(B, L, 2, S, H, D)``.
+            cache: self-attention cache ``(L, 2, B, H, T_max, D)``.
+            cross_cache: cross-attention keys/values ``(L, 2, B, H, S, D)``.
             memory_mask: ``(B, S)`` source validity.
 
         Returns:

@@ -167,7 +167,7 @@ def test_cache_step_by_step_equals_full_pass():
     x = rng.normal(size=(B, T, D)).astype("float32")
     layer = tt.MultiHeadAttention(num_heads=H, key_dim=K)
     full = layer(x, x, use_causal_mask=True).output
-    cache = np.zeros((B, 2, T, H, K), "float32")
+    cache = np.zeros((2, B, H, T, K), "float32")  # keys then values, heads-major
     steps = []
     for t in range(T):
         out = layer(x[:, t:t + 1], x[:, t:t + 1], use_causal_mask=True,
@@ -175,8 +175,11 @@ def test_cache_step_by_step_equals_full_pass():
         steps.append(out.output)
         cache = out.cache
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
-    # The cache holds every position's projected keys.
-    np.testing.assert_allclose(cache[:, 0], layer.key_dense(x), atol=1e-6)
+    # The cache holds every position's projected keys and values, heads-major.
+    np.testing.assert_allclose(cache[0], np.transpose(layer.key_dense(x), (0, 2, 1, 3)),
+                               atol=1e-6)
+    np.testing.assert_allclose(cache[1], np.transpose(layer.value_dense(x), (0, 2, 1, 3)),
+                               atol=1e-6)
 
 
 def test_precomputed_cross_cache_equals_direct_call():
@@ -194,7 +197,7 @@ def test_precomputed_cross_cache_equals_direct_call():
 def test_python_cache_index_outside_the_cache_raises(index):
     layer = tt.MultiHeadAttention(num_heads=H, key_dim=K)
     x = rng.normal(size=(B, 1, D)).astype("float32")
-    cache = np.zeros((B, 2, T, H, K), "float32")
+    cache = np.zeros((2, B, H, T, K), "float32")
     layer(x, x, cache=cache, cache_index=T - 1)  # the last slot is fine
     with pytest.raises(ValueError, match=f"cache_index={index}"):
         layer(x, x, cache=cache, cache_index=index)

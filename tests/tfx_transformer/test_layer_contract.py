@@ -20,7 +20,7 @@ VALID = np.array([[True] * 4 + [False] * 3, [True] * S])
 PIXELS = np.ones((B, 4, 6), bool)
 PIXELS[0, 3:, :] = False
 PIXELS[0, :, 4:] = False
-CACHE = rng.normal(size=(B, 2, T, 4, 4)).astype("float32")
+CACHE = rng.normal(size=(2, B, 4, T, 4)).astype("float32")  # (2, B, H, T, D)
 
 CASES = {
     "mha_self": (tt.MultiHeadAttention, dict(num_heads=4, key_dim=4), {"query": X, "value": X},

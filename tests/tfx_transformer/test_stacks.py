@@ -160,7 +160,7 @@ def test_decoder_stack_cache_equals_full_pass():
     dec = tt.TransformerDecoder(2, **KW, norm_first=True)
     full = dec(x, mem, use_causal_mask=True).output
     cache = dec.empty_cache(B, T)
-    assert tuple(cache.shape) == (B, 2, 2, T, 4, 4)
+    assert tuple(cache.shape) == (2, 2, B, 4, T, 4)  # (L, 2, B, H, T, D)
     cross = dec.compute_cross_attention_cache(mem)
     steps = []
     for t in range(T):

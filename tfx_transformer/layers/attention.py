@@ -8,7 +8,7 @@ import keras
 from keras import ops
 
 from tfx_transformer import checks
-from tfx_transformer.layers.dot_product import multi_head_attention
+from tfx_transformer.layers.dot_product import multi_head_attention, scaled_dot_product_attention
 from tfx_transformer.layers.masks import causal_mask, check_mask_rank, merge_masks
 from tfx_transformer.layers.output import AttentionOutput, call_arguments
 
@@ -19,7 +19,7 @@ def _check_cache_index(cache, cache_index, key):
     """A Python int ``cache_index`` must leave room in ``cache`` for the new steps of ``key``."""
     if cache is None or cache_index is None or not isinstance(cache_index, numbers.Integral):
         return
-    length, steps = cache.shape[2], key.shape[1]
+    length, steps = cache.shape[3], key.shape[1]
     if cache_index < 0 or (
         length is not None and steps is not None and cache_index + steps > length
     ):
@@ -28,6 +28,11 @@ def _check_cache_index(cache, cache_index, key):
             f"cache_index + steps <= cache length. Received: cache_index={cache_index}, "
             f"steps={steps}, cache.shape={tuple(cache.shape)} (length {length})"
         )
+
+
+def _heads(x):
+    """``(B, T, H, D)`` <-> ``(B, H, T, D)``."""
+    return ops.transpose(x, (0, 2, 1, 3))
 
 
 def _project(dense: keras.layers.EinsumDense, x, split: tuple | None = None):
@@ -63,7 +68,9 @@ class MultiHeadAttention(keras.layers.Layer):
     Attention is computed by ``multi_head_attention`` on the projected ``(B, T, H, D)`` heads
     (``keras.ops.dot_product_attention`` when neither the weights nor dropout are needed).
 
-    Incremental decoding: pass ``cache`` ``(B, 2, S_max, H, D)`` (keys then values). With a
+    Incremental decoding: pass ``cache`` ``(2, B, H, S_max, D)``: keys then values, each
+    heads-major as the attention product reads them, so a step neither slices the cache
+    apart nor transposes it (``cache[0]``, ``cache[1]`` are contiguous). With a
     ``cache_index`` the layer projects the new step(s), writes them into the cache at
     ``cache_index`` and attends over the whole cache (the causal mask hides the unfilled
     tail). Without ``cache_index`` the cache is used as precomputed keys/values, which is how
@@ -90,7 +97,7 @@ class MultiHeadAttention(keras.layers.Layer):
         use_causal_mask: also forbid attending to later positions.
         return_attention_scores: also return the weights ``(B, H, T, S)``.
         training: enables dropout.
-        cache: ``(B, 2, S_max, H, D)`` or ``None``.
+        cache: ``(2, B, H, S_max, D)`` or ``None``.
         cache_index: int or scalar tensor: where the new keys/values go in ``cache``. A
             Python int must leave room for the new steps: ``cache_index + T <= S_max``.
         query_mask, value_mask, key_mask: ``(B, T)``/``(B, S)`` validity masks, filled in
@@ -99,7 +106,7 @@ class MultiHeadAttention(keras.layers.Layer):
     Returns:
         ``AttentionOutput(output, attention, cache)``, always: ``output`` ``(B, T, d_out)``;
         ``attention`` the weights ``(B, H, T, S)`` (``S = S_max`` with a cache) if
-        ``return_attention_scores``, else ``None``; ``cache`` the cache ``(B, 2, S_max, H,
+        ``return_attention_scores``, else ``None``; ``cache`` the cache ``(2, B, H, S_max,
         D)`` if one was given (updated at ``cache_index``, or the precomputed one unchanged),
         else ``None``.
     """
@@ -175,12 +182,13 @@ class MultiHeadAttention(keras.layers.Layer):
             key: ``(B, S, d_k)``, defaults to ``value``.
 
         Returns:
-            ``(B, 2, S, H, D)`` to pass as ``cache`` (without ``cache_index``).
+            ``(2, B, H, S, D)`` to pass as ``cache`` (without ``cache_index``).
         """
         key = value if key is None else key
         heads = self.num_heads
         k = _project(self.key_dense, key, (heads, self.key_dim))
-        return ops.stack([k, _project(self.value_dense, value, (heads, self.value_dim))], axis=1)
+        v = _project(self.value_dense, value, (heads, self.value_dim))
+        return ops.stack([_heads(k), _heads(v)], axis=0)  # (2, B, H, S, D)
 
     def call(
         self,
@@ -219,29 +227,31 @@ class MultiHeadAttention(keras.layers.Layer):
         heads_k, heads_v = (self.num_heads, self.key_dim), (self.num_heads, self.value_dim)
         q = _project(self.query_dense, query, heads_k)  # (B, T, H, Dk)
         if cache is not None and cache_index is None:
-            k = ops.cast(cache[:, 0], q.dtype)  # precomputed (B, S, H, Dk)
-            v = ops.cast(cache[:, 1], q.dtype)  # precomputed (B, S, H, Dv)
+            k, v = cache[0], cache[1]  # precomputed (B, H, S, D)
         else:
             k = _project(self.key_dense, key, heads_k)  # (B, S, H, Dk)
             v = _project(self.value_dense, value, heads_v)  # (B, S, H, Dv)
             if cache is not None:
-                # One update of the whole cache with the new steps' keys and values: slicing
-                # it into keys and values first and stacking them again after copies it twice.
-                start = [0, 0, ops.cast(cache_index, "int32"), 0, 0]
-                new = ops.cast(ops.stack([k, v], axis=1), cache.dtype)  # (B, 2, T, H, D)
-                cache = ops.slice_update(cache, start, new)  # (B, 2, S_max, H, D)
-                k, v = cache[:, 0], cache[:, 1]
-            k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
+                # Only the new steps are transposed; the cache is written, never reshaped.
+                new = ops.cast(ops.stack([_heads(k), _heads(v)]), cache.dtype)  # (2, B, H, T, D)
+                start = [0, 0, 0, ops.cast(cache_index, "int32"), 0]
+                cache = ops.slice_update(cache, start, new)  # (2, B, H, S_max, D)
+                k, v = cache[0], cache[1]  # (B, H, S_max, D)
 
-        t, s = ops.shape(q)[1], ops.shape(k)[1]
+        t = ops.shape(q)[1]
+        s = ops.shape(k)[1] if cache is None else ops.shape(k)[2]
         mask = self._mask(
             attention_mask, query_mask, value_mask, key_mask if key_given else None,
             use_causal_mask, t, s, cache_index,
         )
-        out = multi_head_attention(
-            q, k, v, mask=mask, dropout_rate=self.dropout, training=training,
-            return_weights=return_attention_scores, seed=self.seed_generator,
-        )  # (B, T, H, Dv), and (B, H, T, S) if asked for
+        arguments = dict(mask=mask, dropout_rate=self.dropout, training=training,
+                         return_weights=return_attention_scores, seed=self.seed_generator)
+        k, v = ops.cast(k, q.dtype), ops.cast(v, q.dtype)
+        if cache is None:
+            out = multi_head_attention(q, k, v, **arguments)  # (B, T, H, Dv)
+        else:  # heads-major keys/values: the product on (B, H, T, D) heads
+            out = scaled_dot_product_attention(_heads(q), k, v, **arguments)  # (B, H, T, Dv)
+            out = (_heads(out[0]), out[1]) if return_attention_scores else _heads(out)
         out, weights = out if return_attention_scores else (out, None)
         out = _project(self.output_dense, out)  # (B, T, d_out)
         return AttentionOutput(
@@ -282,7 +292,7 @@ class MultiHeadAttention(keras.layers.Layer):
         )
         attention = None
         if return_attention_scores:
-            length = value.shape[1] if cache is None else cache.shape[2]
+            length = value.shape[1] if cache is None else cache.shape[3]
             attention = keras.KerasTensor(
                 (query.shape[0], self.num_heads, query.shape[1], length), dtype=self.compute_dtype
             )

@@ -26,12 +26,12 @@ def _output_spec(output_shape, attention_shape, cache, dtype) -> AttentionOutput
 
 def _spec_arguments(layer, args, kwargs):
     """``(x, cache, S or None)`` of a decoder ``call``: ``S`` when it returns cross-attention
-    weights, from ``memory`` ``(B, S, d)`` or from the cache ``(..., 2, S, H, D)``."""
+    weights, from ``memory`` ``(B, S, d)`` or from the cache ``(..., 2, B, H, S, D)``."""
     arguments = call_arguments(layer, args, kwargs)
     memory, cross_cache = arguments["memory"], arguments["cross_attention_cache"]
     length = None
     if arguments["return_cross_attention"]:
-        length = memory.shape[1] if cross_cache is None else cross_cache.shape[-3]
+        length = memory.shape[1] if cross_cache is None else cross_cache.shape[-2]
     return arguments["x"], arguments["cache"], length
 
 
@@ -52,10 +52,11 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         query_pos: ``(B, T, d)`` or ``None``.
         memory_pos: ``(B, S, d_m)`` or ``None``.
         use_causal_mask: forbid attending to later target positions.
-        cache: self-attention cache ``(B, 2, T_max, H, D)``; with ``cache_index``, ``x`` holds
-            the step(s) at ``cache_index``.
+        cache: self-attention cache ``(2, B, H, T_max, D)`` (keys then values, heads-major;
+            see ``MultiHeadAttention``); with ``cache_index``, ``x`` holds the step(s) at
+            ``cache_index``.
         cache_index: int or scalar tensor.
-        cross_attention_cache: ``(B, 2, S, H, D)`` from ``compute_cross_attention_cache``;
+        cross_attention_cache: ``(2, B, H, S, D)`` from ``compute_cross_attention_cache``;
             skips re-projecting ``memory``.
         return_cross_attention: also return the cross-attention weights.
         training: enables dropout.
@@ -64,7 +65,7 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         ``AttentionOutput(output, attention, cache)``, always: ``output`` ``(B, T, d)``;
         ``attention`` the cross-attention weights ``(B, H, T, S)`` if
         ``return_cross_attention``, else ``None``; ``cache`` the updated self-attention
-        cache ``(B, 2, T_max, H, D)`` if ``cache`` was given, else ``None``.
+        cache ``(2, B, H, T_max, D)`` if ``cache`` was given, else ``None``.
     """
 
     def build(self, x_shape, memory_shape=None):
@@ -83,13 +84,13 @@ class TransformerDecoderLayer(ResidualBlockLayer):
         self.feedforward_dropout = self._dropout_layer()
 
     def compute_cross_attention_cache(self, memory, memory_pos=None):
-        """Projects ``memory`` once into cross-attention keys/values ``(B, 2, S, H, D)``."""
+        """Projects ``memory`` once into cross-attention keys/values ``(2, B, H, S, D)``."""
         return self.cross_attention.compute_cache(memory, key=add_position(memory, memory_pos))
 
     def empty_cache(self, batch_size, max_length, dtype=None):
-        """Zeros of the self-attention cache shape ``(B, 2, max_length, H, D)``."""
+        """Zeros of the self-attention cache shape ``(2, B, H, max_length, D)``."""
         attention = self.self_attention
-        shape = (batch_size, 2, max_length, attention.num_heads, attention.key_dim)
+        shape = (2, batch_size, attention.num_heads, max_length, attention.key_dim)
         return ops.zeros(shape, dtype=dtype or self.compute_dtype)
 
     def call(
@@ -174,14 +175,14 @@ class TransformerDecoder(TransformerStack):
             outputs (how DETR's box refinement runs the decoder layer by layer).
 
     Call arguments: as ``TransformerDecoderLayer``, except that ``cache`` and
-        ``cross_attention_cache`` have a layer axis: ``(B, L, 2, T_max, H, D)`` and
-        ``(B, L, 2, S, H, D)``.
+        ``cross_attention_cache`` have a leading layer axis: ``(L, 2, B, H, T_max, D)`` and
+        ``(L, 2, B, H, S, D)`` (``cache[i]`` is layer ``i``'s, contiguous).
 
     Returns:
         ``AttentionOutput(output, attention, cache)``, always: ``output`` ``(B, T, d)``, or
         ``(L, B, T, d)`` with ``return_intermediate``; ``attention`` every layer's
         cross-attention weights ``(L, B, H, T, S)`` if ``return_cross_attention``, else
-        ``None``; ``cache`` the updated cache ``(B, L, 2, T_max, H, D)`` if ``cache`` was
+        ``None``; ``cache`` the updated cache ``(L, 2, B, H, T_max, D)`` if ``cache`` was
         given, else ``None``.
     """
 
@@ -207,14 +208,14 @@ class TransformerDecoder(TransformerStack):
         super().build(x_shape, memory_shape)
 
     def compute_cross_attention_cache(self, memory, memory_pos=None):
-        """Cross-attention keys/values of every layer, ``(B, L, 2, S, H, D)``."""
+        """Cross-attention keys/values of every layer, ``(L, 2, B, H, S, D)``."""
         caches = [layer.compute_cross_attention_cache(memory, memory_pos) for layer in self.layers]
-        return ops.stack(caches, axis=1)
+        return ops.stack(caches, axis=0)
 
     def empty_cache(self, batch_size, max_length, dtype=None):
-        """Zeros of the self-attention cache shape ``(B, L, 2, max_length, H, D)``."""
+        """Zeros of the self-attention cache shape ``(L, 2, B, H, max_length, D)``."""
         return ops.stack(
-            [layer.empty_cache(batch_size, max_length, dtype) for layer in self.layers], axis=1
+            [layer.empty_cache(batch_size, max_length, dtype) for layer in self.layers], axis=0
         )
 
     # The layer's call arguments, passed on to every layer (the caches sliced per layer).
@@ -227,9 +228,9 @@ class TransformerDecoder(TransformerStack):
             out = layer(
                 x, memory, self_attention_mask=self_attention_mask, memory_mask=memory_mask,
                 query_pos=query_pos, memory_pos=memory_pos, use_causal_mask=use_causal_mask,
-                cache=None if cache is None else cache[:, i], cache_index=cache_index,
+                cache=None if cache is None else cache[i], cache_index=cache_index,
                 cross_attention_cache=(
-                    None if cross_attention_cache is None else cross_attention_cache[:, i]
+                    None if cross_attention_cache is None else cross_attention_cache[i]
                 ),
                 return_cross_attention=return_cross_attention, training=training,
             )
@@ -246,8 +247,8 @@ class TransformerDecoder(TransformerStack):
             output=output,
             # (L, B, H, T, S)
             attention=ops.stack(weights, axis=0) if return_cross_attention else None,
-            # (B, L, 2, T_max, H, D)
-            cache=None if cache is None else ops.stack(caches, axis=1),
+            # (L, 2, B, H, T_max, D)
+            cache=None if cache is None else ops.stack(caches, axis=0),
         )
 
     def compute_output_shape(self, x_shape, *args, **kwargs):

@@ -27,7 +27,7 @@ class AttentionOutput(NamedTuple):
             decoder layer returns its cross-attention weights, the decoder stack every
             layer's, ``(L, B, H, T, S)``.
         cache: the updated self-attention cache when a ``cache`` was passed, else ``None``:
-            ``(B, 2, S_max, H, D)``; the decoder stack's ``(B, L, 2, T_max, H, D)``.
+            ``(2, B, H, S_max, D)``; the decoder stack's ``(L, 2, B, H, T_max, D)``.
     """
 
     output: Any
