@@ -148,13 +148,13 @@ def main(argv=None) -> int:
 
     metrics = json.loads((run / "metrics.json").read_text(encoding="utf-8"))
     state = json.loads((run / "run.json").read_text(encoding="utf-8"))
-    steps, seconds = state.get("steps"), metrics.get("train_seconds")
+    steps, seconds = state.get("steps"), metrics.get("training_seconds")
     batches = metrics.get("data", {}).get("train_batches")
     result = {
         "model": {"bleu": model["bleu"], "chrf": model["chrf"]},
         "copy": {"bleu": round(copy_bleu, 2), "chrf": round(copy_chrf, 2)},
         "steps": steps, "epochs": len(metrics.get("history", [])),
-        "train_seconds": seconds, "wall_seconds": round(wall, 1),
+        "training_seconds": seconds, "wall_seconds": round(wall, 1),
         "tokens_per_second": _tokens_per_second(run, train, steps, batches, seconds),
         "workdir": str(run),
     }

@@ -294,7 +294,7 @@ def train_nmt(data: str, workdir: str | os.PathLike, config: NMTConfig, run: Run
 
     Work directory: ``tokenizer.model``, ``checkpoints/``, ``backup/`` (while running, so a
     killed run resumes), ``logs/``, ``export/`` (the SavedModel) and ``metrics.json``
-    (``valid``, ``samples``, ``data``, ``config``, ``train_seconds``, ``history``, ``train``).
+    (``valid``, ``samples``, ``data``, ``config``, ``training_seconds``, ``history``, ``train``).
 
     Args:
         data: ``embedded``, ``tsv:PATH`` or ``tfds:NAME``.

@@ -205,7 +205,7 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
     Work directory: ``checkpoints/``, ``backup/`` (while running, so a killed run resumes),
     ``logs/``, ``export/`` (the ``Detector`` SavedModel + ``classes.json``) and
     ``metrics.json`` (``valid``: AP, AP50, AP75, n; ``history``; ``train``; ``data``;
-    ``config``; ``train_seconds``).
+    ``config``; ``training_seconds``).
 
     Args:
         data: ``embedded``, ``coco:IMAGES_DIR:ANNOTATIONS.json`` or ``tfds:NAME``.
