@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tfx_transformer.training.workdir import write_export_dir
+from tfx_transformer.training.workdir import TMP_PREFIX, remove_leftovers, write_export_dir
 
 
 def _snapshot(directory):
@@ -103,3 +103,17 @@ def test_an_export_that_cannot_be_moved_aside_stays_in_place(tmp_path, monkeypat
         write_export_dir(target, _writer({"saved_model.pb": b"new model"}))
     assert _snapshot(target) == before
     assert sorted(os.listdir(tmp_path)) == ["export"]
+
+
+def test_leftovers_of_a_killed_swap_are_cleared_and_the_earlier_export_goes_back(tmp_path):
+    # A kill between the two renames of a swap: the earlier export is in a temporary folder,
+    # the new one in another, and DIR/export is missing.
+    aside = tmp_path / f"{TMP_PREFIX}previous-x"
+    aside.mkdir()
+    before = _snapshot(_old_export(aside))
+    half = tmp_path / f"{TMP_PREFIX}new"
+    _writer({"saved_model.pb": b"half"})(half)
+    (tmp_path / f"{TMP_PREFIX}x-metrics.json").write_text("{")
+    removed = remove_leftovers(tmp_path)
+    assert len(removed) == 3 and sorted(os.listdir(tmp_path)) == ["export"]
+    assert _snapshot(tmp_path / "export") == before

@@ -46,6 +46,7 @@ __all__ = ["CHECKPOINT_NAME", "NEW_DIR_MODE", "PHASES", "TMP_PREFIX", "NoSpaceEr
 # export written, evaluated and recorded.
 PHASES = ("training", "trained", "exported", "finished")
 TMP_PREFIX = ".tmp-"  # a file or export being written; one a kill left is removed at start
+PREVIOUS_PREFIX = TMP_PREFIX + "previous-"  # the export a swap set aside, until it is done
 CHECKPOINT_NAME = "epoch-{epoch:03d}.weights.h5"  # an epoch checkpoint (1-based epoch)
 _CHECKPOINT = re.compile(r"epoch-(\d+)\.weights\.h5$")
 _FIX = "fix it, move it away, or rerun with --restart"
@@ -160,7 +161,7 @@ def write_export_dir(path: str | os.PathLike, write: Callable[[str], object]) ->
     try:
         write(tmp)
         if os.path.lexists(path):
-            old = tempfile.mkdtemp(prefix=TMP_PREFIX, dir=parent)
+            old = tempfile.mkdtemp(prefix=PREVIOUS_PREFIX, dir=parent)
             os.replace(path, os.path.join(old, os.path.basename(path)))
         os.replace(tmp, path)
     except BaseException:
@@ -181,8 +182,8 @@ def remove_leftovers(directory: str | os.PathLike) -> list[Path]:
     found = sorted(directory.glob(TMP_PREFIX + "*")) if directory.is_dir() else []
     for path in found:
         if path.is_dir():
-            for kept in path.iterdir():  # a previous export, set aside by a swap
-                if not (directory / kept.name).exists():
+            for kept in path.iterdir() if path.name.startswith(PREVIOUS_PREFIX) else ():
+                if not (directory / kept.name).exists():  # a swap was killed half-way
                     kept.replace(directory / kept.name)
             shutil.rmtree(path, ignore_errors=True)
         else:
