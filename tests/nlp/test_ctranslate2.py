@@ -182,7 +182,8 @@ def test_marian_layout_tokens_equal_our_search(tmp_path, nmt_export):
         vocab_size=source_size, target_vocab_size=target_size, num_encoder_layers=2,
         num_decoder_layers=2, d_model=32, num_heads=4, ffn_dim=64, dropout=0.0,
         max_positions=64, tie_embeddings=False, tie_output=True, output_bias=True,
-        activation="silu", position_layout="concat", pad_id=target_size - 1,
+        activation="silu", position_layout="concat", layer_norm_epsilon=0.1,
+        scale_embedding=False, pad_id=target_size - 1,
         decoder_start_id=target_size - 1, eos_id=0, banned_ids=(target_size - 1,),
         source_pad_id=source_size - 1)
     _randomize(model, seed=5, eos_bias=2.0)
