@@ -7,9 +7,10 @@ change of the decoding code buys (export the same weights before and after it).
 Each export's signatures translate the first ``--limit`` held-out sentences of the embedded
 data (``nlp.evaluate.translate_all``: batches of ``--batch-size`` sentences of similar length)
 after two warm-up batches; the exports alternate within every repeat, and each time is the
-median over ``--repeats``. Prints seconds per pass, the ratio of each export's time to the
-first's (the median of the per-repeat ratios) and whether the translations are identical to
-the first's; JSON last. Not a test: it takes minutes.
+median over ``--repeats``. Prints seconds per pass in wall-clock time and in this process's
+CPU time (all threads: steadier than wall time on a shared machine), the ratios of each
+export's times to the first's (medians of the per-repeat ratios) and whether the translations
+are identical to the first's; JSON last. Not a test: it takes minutes.
 """
 
 from __future__ import annotations
@@ -58,20 +59,26 @@ def main(argv=None) -> int:
     outputs, times = {}, {key: [] for key in cases}
     for _ in range(args.repeats):
         for key, translate in cases.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             outputs[key] = translate_all(translate, sources, args.batch_size, progress=False)
-            times[key].append(time.perf_counter() - start)
+            times[key].append((time.perf_counter() - start, time.process_time() - cpu))
     print(f"{len(sources)} sentences, batches of {args.batch_size}, median of {args.repeats}; "
           f"{platform.machine()}, {os.cpu_count()} CPUs, TensorFlow {tf.__version__}")
     report = []
-    for (signature, path), seconds in times.items():
+    for (signature, path), pairs in times.items():
         base = times[signature, args.exports[0]]
-        ratio = statistics.median(a / b for a, b in zip(seconds, base))
-        same = outputs[signature, path] == outputs[signature, args.exports[0]]
-        row = {"signature": signature, "export": path, "seconds": statistics.median(seconds),
-               "ratio_to_first": round(ratio, 3), "same_translations_as_first": same}
+        row = {"signature": signature, "export": path,
+               "same_translations_as_first": outputs[signature, path] == outputs[
+                   signature, args.exports[0]]}
+        for k, name in ((0, "wall"), (1, "cpu")):
+            row[f"{name}_seconds"] = round(statistics.median(p[k] for p in pairs), 3)
+            row[f"{name}_ratio_to_first"] = round(
+                statistics.median(p[k] / b[k] for p, b in zip(pairs, base)), 3)
         report.append(row)
-        print(f"{signature:<16} {row['seconds']:7.2f} s  ratio {ratio:5.2f}  same {same}  {path}")
+        print(f"{signature:<16} wall {row['wall_seconds']:7.2f} s (ratio "
+              f"{row['wall_ratio_to_first']:5.2f})  CPU {row['cpu_seconds']:7.2f} s (ratio "
+              f"{row['cpu_ratio_to_first']:5.2f})  same {row['same_translations_as_first']}  "
+              f"{path}")
     print(json.dumps(report))
     return 0
 
