@@ -54,8 +54,11 @@ def postprocess(outputs: dict, image_sizes: Any, threshold: float | None = None)
             f"Received: shape={tuple(sizes.shape)}"
         )
     probs = ops.softmax(logits, axis=-1)[..., :-1]  # (B, Q, C): no-object dropped
-    scores = ops.max(probs, axis=-1)  # (B, Q)
-    labels = ops.cast(ops.argmax(probs, axis=-1), "int32")  # (B, Q)
+    # The maximum and its index (the lower one on ties, as argmax) by top_k: a float argmax of
+    # Keras's TensorFlow backend adds a bitwise op that LiteRT has no builtin kernel for.
+    top_scores, top_labels = ops.top_k(probs, 1)  # (B, Q, 1) each
+    scores = top_scores[..., 0]  # (B, Q)
+    labels = ops.cast(top_labels[..., 0], "int32")  # (B, Q)
     height, width = sizes[:, 0], sizes[:, 1]  # (B,)
     scale = ops.stack([width, height, width, height], axis=-1)[:, None, :]  # (B, 1, 4)
     pixel_boxes = box_cxcywh_to_xyxy(boxes) * scale  # (B, Q, 4)

@@ -1,0 +1,3 @@
+from tfx_transformer.formats import main
+
+raise SystemExit(main())
