@@ -258,12 +258,13 @@ def write(model: pathlib.Path, out: pathlib.Path, precision: str,
 
     import nlp  # noqa: F401  (registers the model class for load_model)
     from nlp.export import SOURCE_LENGTH_MULTIPLE
+    from nlp.special_ids import UNK_ID
 
     keras_model = keras.saving.load_model(directory / "model.keras", compile=False)
     _check(keras_model)
     special = {"start": target_tokens[keras_model.decoder_start_id],
                "eos": target_tokens[keras_model.eos_id],
-               "unk": target_tokens[1] if kind == "sentencepiece" else "<unk>",
+               "unk": target_tokens[UNK_ID] if kind == "sentencepiece" else "<unk>",
                "source_eos": source_tokens[keras_model.eos_id] if kind == "sentencepiece"
                else "</s>",
                "banned": [target_tokens[i] for i in keras_model.banned_ids]}

@@ -123,14 +123,13 @@ def test_project_layout_beam_tokens_equal_our_search(project):
     assert 0 < sum(len(b) < limit for b, limit in zip(beam, limits)) < len(sources)
 
 
-def test_score_batch_equals_the_keras_models_log_probabilities(project):
-    model, tokenizer, sources, _, float32, _ = project
-    translator = Ct2Translator(float32, threads=1)
-    rng = np.random.default_rng(7)
-    targets = [rng.integers(4, tokenizer.vocab_size, n).tolist() for n in (1, 5, 12)]
-    vocab = _vocab(tokenizer)
-    got = translator.score_tokens([[vocab[i] for i in s[:-1]] for s in sources[:3]],
-                                  [[vocab[i] for i in t] for t in targets])
+def _check_scores(model, directory, sources, vocab, target_vocab, seed):
+    """CTranslate2's ``score_batch`` against the Keras model's log-softmax, random targets."""
+    rng = np.random.default_rng(seed)
+    targets = [rng.integers(4, len(target_vocab) - 1, n).tolist() for n in (1, 5, 12)]
+    got = Ct2Translator(directory, threads=1).score_tokens(
+        [[vocab[i] for i in s[:-1]] for s in sources[:3]],
+        [[target_vocab[i] for i in t] for t in targets])
     for source, target, log_probs in zip(sources, targets, got):
         memory, mask = model.encode(np.array([source]))
         target_in = np.array([[model.decoder_start_id] + target])
@@ -139,6 +138,27 @@ def test_score_batch_equals_the_keras_models_log_probabilities(project):
             -1, keepdims=True)) - logits.max(-1, keepdims=True)
         picked = expected[np.arange(len(target) + 1), target + [model.eos_id]]
         np.testing.assert_allclose(log_probs, picked, atol=1e-4)
+
+
+def test_score_batch_equals_the_keras_models_log_probabilities(project):
+    model, tokenizer, sources, _, float32, _ = project
+    vocab = _vocab(tokenizer)
+    _check_scores(model, float32, sources, vocab, vocab, seed=7)
+
+
+def test_pre_norm_gelu_and_an_own_output_projection_too(project, tmp_path):
+    # The other settings a Seq2SeqTransformer may have: pre-norm layers with the stacks'
+    # final LayerNorms, the exact gelu, separate embeddings and a Dense output projection.
+    model, tokenizer, sources, _, _, _ = project
+    other = Seq2SeqTransformer.from_config({
+        **model.get_config(), "norm_first": True, "activation": "gelu",
+        "tie_embeddings": False})
+    assert other.encoder.norm is not None and other.output_projection is not None
+    _randomize(other, seed=8)
+    directory = _model_dir(tmp_path / "model", other, GNMT, tokenizer=tokenizer)
+    ct2_export.write(directory, tmp_path / "ct2", "float32", None)
+    vocab = _vocab(tokenizer)
+    _check_scores(other, tmp_path / "ct2", sources, vocab, vocab, seed=9)
 
 
 def test_int8_runs_and_agrees_on_most_sentences(project):
