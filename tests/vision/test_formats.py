@@ -125,16 +125,19 @@ def _best(found):
 
 
 @pytest.mark.parametrize("precision, error", [("float16", 1e-3), ("int8", 1e-2)])
-def test_quantized_litert_finds_the_same_best_detection(litert, inputs, expected, images,
-                                                        precision, error):
-    """Compared as detections, not query by query: the two-stage queries are the encoder's
-    best cells, and a rounding may hand a cell to another query."""
+def test_quantized_litert_keeps_the_best_detection(litert, inputs, expected, images,
+                                                   precision, error):
+    """The SavedModel's best detection of each image is among the file's (same label; score
+    and box within ``error``, the box as a fraction of the side). Compared as detections,
+    not query by query: the two-stage queries are the encoder's best cells, and rounding may
+    hand a cell to another query or reorder near-equal scores."""
     assert len(litert[precision]) < 0.8 * len(litert["float32"])
-    score, label, box = _best(_pixels(_run_litert(litert[precision], inputs), images))
-    want_score, want_label, want_box = _best(expected)
-    np.testing.assert_allclose(score, want_score, atol=error, rtol=0)
-    np.testing.assert_array_equal(label, want_label)
-    np.testing.assert_allclose(box, want_box, atol=error * max(images[0].shape[:2]), rtol=0)
+    found = _pixels(_run_litert(litert[precision], inputs), images)
+    side = max(images[0].shape[:2])
+    for i, (score, label, box) in enumerate(zip(*_best(expected))):
+        near = ((found["labels"][i] == label) & (np.abs(found["scores"][i] - score) <= error)
+                & (np.abs(found["boxes"][i] - box).max(axis=-1) <= error * side))
+        assert near.any(), (i, score, label, box, found["scores"][i], found["boxes"][i])
 
 
 def test_full_int8_litert_runs_on_padded_images(litert, inputs, expected, images):
