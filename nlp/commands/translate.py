@@ -11,6 +11,10 @@ NUMBER<TAB>SCORE<TAB>HYPOTHESIS, where NUMBER is the sentence's position in the 
 the first TEXT or line) and SCORE its length-penalized log-probability (4 decimals, higher is
 better; -1000000000.0000 marks a slot with no hypothesis). The first hypothesis of each
 sentence is what translating without --nbest prints.
+
+--model may also be a CTranslate2 directory (tfx-export --format ctranslate2): it translates
+with ctranslate2.Translator at the export's beam settings (nlp.ct2_runtime says where its
+search differs from the SavedModel's), and --beam-size takes any width there.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
+from nlp.ct2_runtime import is_ct2_dir  # noqa: E402
 from nlp.evaluate import nbest_all, translate_all  # noqa: E402
 from nlp.serving import (  # noqa: E402
     NBEST,
@@ -83,10 +88,36 @@ def check_nbest(nbest: int | None, info: dict, model: str, beam_size: int | None
                          f"(beam size {info['beam_size']}); leave out --beam-size {beam_size}")
 
 
+def translate_ct2(args) -> int:
+    """``--model`` a CTranslate2 directory: `nlp.ct2_runtime.Ct2Translator` prints the lines."""
+    try:
+        from nlp.ct2_runtime import Ct2Translator
+
+        translator = Ct2Translator(args.model)
+    except ImportError as error:
+        raise ValueError(f"--model {args.model} is a CTranslate2 directory: {error.name} is "
+                         "not installed (pip install ctranslate2)") from None
+    beam = translator.beam_size if args.beam_size is None else args.beam_size
+    if args.nbest is not None and args.nbest > beam:
+        raise ValueError(f"--nbest {args.nbest}: the search keeps {beam} hypotheses per "
+                         f"sentence (its beam size); give --nbest 1 to {beam}")
+    texts = check_texts(args.text) if args.text else read_lines(sys.stdin)
+    if args.nbest is None:
+        for line in translator.translate(texts, beam, args.batch_size):
+            print(line, flush=True)
+        return 0
+    lists = translator.translate_nbest(texts, args.nbest, beam, args.batch_size)
+    for number, hypotheses in enumerate(lists, start=1):
+        for score, hypothesis in hypotheses:
+            print(f"{number}\t{score:.4f}\t{hypothesis}", flush=True)
+    return 0
+
+
 def command(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="the export directory (DIR/export)")
+    parser.add_argument("--model", required=True,
+                        help="the export directory (DIR/export), or a CTranslate2 directory")
     parser.add_argument("--beam-size", "--beam", type=positive(int), default=None,
                         help="beam width: the exported one (default) or 1 for greedy")
     parser.add_argument("--batch-size", type=positive(int), default=32)
@@ -97,6 +128,8 @@ def command(argv=None) -> int:
     parser.add_argument("--verbose", action="store_true",
                         help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
+    if is_ct2_dir(args.model):
+        return translate_ct2(args)
     try:
         info = read_info(args.model)  # a wrong --model or --nbest fails before stdin is read
         check_nbest(args.nbest, info, args.model, args.beam_size)
