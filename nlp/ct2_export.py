@@ -215,8 +215,8 @@ def _decoding(directory: pathlib.Path) -> dict:
 
 def _check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
-        raise ValueError(f"--precision {precision}: CTranslate2 translators take "
-                         f"{', '.join(PRECISIONS)}")
+        raise ValueError(f"--precision {precision}: CTranslate2 translators take float32 "
+                         "and int8 (float16 where its CPU kernels have it)")
     if precision == "float16":
         import ctranslate2
 
