@@ -20,8 +20,9 @@ cores). Then writes the run as CTranslate2 float32 and int8 (`nlp.ct2_export.wri
 
 Per system: the share of sentences whose translation is the SavedModel's, sacrebleu's corpus
 BLEU against the references, output tokens per second (SentencePiece pieces of the system's
-own translations plus eos; median over ``--repeats`` passes, the systems alternating, after
-one warm-up pass each) with the ratio to the SavedModel, and the size on disk. Prints a
+own translations plus eos, per wall second and per CPU second of this process (steadier on
+a shared machine); medians over ``--repeats`` passes, the systems alternating, after one
+warm-up pass each) with the ratios to the SavedModel, and the size on disk. Prints a
 Markdown table and the JSON. Not a test: it takes minutes.
 """
 
@@ -111,12 +112,12 @@ def main(argv=None) -> int:
     plain = Ct2Translator(dirs["float32"], threads=args.threads)
     plain.settings = {**plain.settings, "convention": "transformers"}  # ranks by n ** α
     outputs["CT2 float32, CTranslate2's length penalty"] = plain.translate(sources)
-    times = {name: [] for name in systems}
+    times = {name: [] for name in systems}  # (wall s, CPU s of this process) per pass
     for _ in range(args.repeats):
         for name, run in systems.items():
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             run()
-            times[name].append(time.perf_counter() - start)
+            times[name].append((time.perf_counter() - start, time.process_time() - cpu))
     tokenizer = Tokenizer.from_file(workdir / "tokenizer.model")
     rows = {}
     for name, hypotheses in outputs.items():
@@ -125,20 +126,24 @@ def main(argv=None) -> int:
                "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score}
         if name in times:
             tokens = sum(len(tokenizer.encode(h)) + 1 for h in hypotheses)
-            row.update(seconds=statistics.median(times[name]),
-                       tokens_per_second=tokens / statistics.median(times[name]),
-                       size_bytes=sizes[name])
+            wall = statistics.median(t for t, _ in times[name])
+            cpu = statistics.median(c for _, c in times[name])
+            row.update(seconds=wall, cpu_seconds=cpu, tokens_per_second=tokens / wall,
+                       tokens_per_cpu_second=tokens / cpu, size_bytes=sizes[name])
         rows[name] = row
-    base = rows["SavedModel"]["tokens_per_second"]
+    base = rows["SavedModel"]
     settings = json.loads((dirs["float32"] / "settings.json").read_text())
     print(f"{len(sources)} held-out sentences, beam {settings['beam_size']} (length penalty "
           f"{settings['length_penalty']}, {settings['convention']}), {args.threads} threads; "
           f"{machine()}; load {os.getloadavg()[0]:.1f}")
-    print("| system | identical to SavedModel | BLEU | tokens/s | ratio | size |")
-    print("|---|---|---|---|---|---|")
+    print("| system | identical to SavedModel | BLEU | tokens/s | ratio | tokens/CPU s | ratio "
+          "| size |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
-        speed = (f"{row['tokens_per_second']:.0f} | {row['tokens_per_second'] / base:.2f}x | "
-                 f"{row['size_bytes'] / 2**20:.2f} MiB") if "seconds" in row else "- | - | -"
+        speed = " | ".join(
+            f"{row[key]:.0f} | {row[key] / base[key]:.2f}x"
+            for key in ("tokens_per_second", "tokens_per_cpu_second")) \
+            + f" | {row['size_bytes'] / 2**20:.2f} MiB" if "seconds" in row else "- | - | - | - | -"
         print(f"| {name} | {100 * row['identical']:.1f}% | {row['bleu']:.2f} | {speed} |")
     print(json.dumps({"machine": machine(), "rows": rows}, indent=1))
     return 0
