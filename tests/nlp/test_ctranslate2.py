@@ -27,6 +27,10 @@ from nlp import ct2_export  # noqa: E402
 from nlp.ct2_runtime import Ct2Translator, is_ct2_dir  # noqa: E402
 from nlp.decoding import DecodingSettings, search  # noqa: E402
 from nlp.model import Seq2SeqTransformer  # noqa: E402
+from tfx_transformer import applications  # noqa: E402
+
+# One worker builds the module's models and CTranslate2 directories (pytest-xdist).
+pytestmark = pytest.mark.xdist_group("ctranslate2")
 
 SENTENCES = ["Hi.", "I have three apples.", "She is twenty-one years old.",
              "On March 3, 2021 we saw the forty-second train.", "twelve",
@@ -225,6 +229,8 @@ def test_marian_layout_tokens_equal_our_search(tmp_path, nmt_export):
 
 
 def test_what_ctranslate2_cannot_hold_is_refused_by_name(project, tmp_path):
+    # tfx-export finds the writer by its format name (pyproject.toml's entry point).
+    assert applications.load(applications.FORMATS, "ctranslate2") is ct2_export.write
     model, _, _, _, float32, _ = project
     directory = float32.parent / "model"
     with pytest.raises(ValueError, match="float16"):
