@@ -35,7 +35,7 @@ import json
 import os
 import re
 
-__all__ = ["Ct2Translator", "is_ct2_dir", "read_settings"]
+__all__ = ["Ct2Translator", "TextCodec", "is_ct2_dir", "read_settings"]
 
 SETTINGS_FILE = "settings.json"  # nlp.ct2_export.SETTINGS_FILE (not imported: no TensorFlow)
 _CODE = re.compile(r">>.*?<<", re.DOTALL)  # a Marian language code at the start of a source
@@ -58,40 +58,26 @@ def read_settings(path: str | os.PathLike) -> dict:
     return settings
 
 
-class Ct2Translator:
-    """A CTranslate2 translator with the decoding settings of its export.
+class TextCodec:
+    """Text to source pieces and target pieces to text, as the export's tokenizer does.
 
     Args:
-        path: the directory `nlp.ct2_export.write` wrote.
-        threads: CPU threads of one translation (0: CTranslate2's default).
-        patience: CTranslate2's beam patience: it stops a sentence once ``beam_size *
-            patience`` hypotheses have finished (None: the directory's ``settings.json``).
+        path: the CTranslate2 model directory (its SentencePiece model files).
+        settings: its ``settings.json``: ``tokenizer`` (``sentencepiece``: this project's
+            ``tokenizer.model``; ``marian``: OPUS-MT's ``source.spm`` and ``target.spm``) and
+            ``special_tokens``.
     """
 
-    def __init__(self, path: str | os.PathLike, threads: int = 0,
-                 patience: float | None = None):
-        import ctranslate2
+    def __init__(self, path: str | os.PathLike, settings: dict):
         import sentencepiece as spm
 
-        path = os.fspath(path)
-        self.settings = read_settings(path)
-        self.patience = float(self.settings["patience"] if patience is None else patience)
-        self.translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
-                                                 intra_threads=threads)
-        special = self.settings["special_tokens"]
-        self.eos, self.source_eos = special["eos"], special["source_eos"]
-        self.banned = [[token] for token in special["banned"]]
-        self.marian = self.settings["tokenizer"] == "marian"
+        self.marian = settings["tokenizer"] == "marian"
         names = ("source.spm", "target.spm") if self.marian else ("tokenizer.model",) * 2
         self.source_spm, self.target_spm = (
-            spm.SentencePieceProcessor(model_file=os.path.join(path, name)) for name in names)
-        self.unk = special["unk"]
-
-    @property
-    def beam_size(self) -> int:
-        return int(self.settings["beam_size"])
-
-    # Text.
+            spm.SentencePieceProcessor(model_file=os.path.join(os.fspath(path), name))
+            for name in names)
+        special = settings["special_tokens"]
+        self.dropped = {special["eos"], special["unk"], *special["banned"]}
 
     def tokenize(self, text: str) -> list[str]:
         """A source string → its pieces (no eos), as the export's tokenizer splits it."""
@@ -106,25 +92,52 @@ class Ct2Translator:
         """Target pieces → the string the export gives (without eos, pad and unk)."""
         if not self.marian:
             return self.target_spm.decode([self.target_spm.piece_to_id(t) for t in tokens])
-        dropped = {self.eos, self.unk, *(t for [t] in self.banned)}
-        text = "".join(t for t in tokens if t not in dropped)
+        text = "".join(t for t in tokens if t not in self.dropped)
         return text.replace(_SPACE, " ").strip(" \t\n\r\f\v")
+
+
+class Ct2Translator:
+    """A CTranslate2 translator with the decoding settings of its export.
+
+    Args:
+        path: the directory `nlp.ct2_export.write` wrote.
+        threads: CPU threads of one translation (0: CTranslate2's default).
+        patience: CTranslate2's beam patience: it stops a sentence once ``beam_size *
+            patience`` hypotheses have finished (None: the directory's ``settings.json``).
+    """
+
+    def __init__(self, path: str | os.PathLike, threads: int = 0,
+                 patience: float | None = None):
+        import ctranslate2
+
+        path = os.fspath(path)
+        self.settings = read_settings(path)
+        self.patience = float(self.settings["patience"] if patience is None else patience)
+        self.translator = ctranslate2.Translator(path, device="cpu", inter_threads=1,
+                                                 intra_threads=threads)
+        self.text = TextCodec(path, self.settings)
+        special = self.settings["special_tokens"]
+        self.eos, self.source_eos = special["eos"], special["source_eos"]
+        self.banned = [[token] for token in special["banned"]]
+
+    @property
+    def beam_size(self) -> int:
+        return int(self.settings["beam_size"])
 
     def translate(self, texts: list[str], beam_size: int | None = None,
                   batch_size: int = 32) -> list[str]:
         """Translations of ``texts`` (beam search of the export's width, or ``beam_size``)."""
-        sources = [self.tokenize(text) for text in texts]
-        return [self.detokenize(nbest[0][1])
+        sources = [self.text.tokenize(text) for text in texts]
+        return [self.text.detokenize(nbest[0][1])
                 for nbest in self.translate_tokens(sources, beam_size, batch_size=batch_size)]
 
-    def translate_nbest(self, texts: list[str], k: int,
+    def translate_nbest(self, texts: list[str], k: int, beam_size: int | None = None,
                         batch_size: int = 32) -> list[list[tuple[float, str]]]:
-        """The ``k`` best ``(score, translation)`` of each text, best first."""
-        sources = [self.tokenize(text) for text in texts]
-        return [[(score, self.detokenize(tokens)) for score, tokens in nbest[:k]]
-                for nbest in self.translate_tokens(sources, batch_size=batch_size)]
-
-    # Tokens.
+        """The ``k`` best ``(score, translation)`` of each text, best first; the score is the
+        length-penalized log-probability."""
+        sources = [self.text.tokenize(text) for text in texts]
+        return [[(score, self.text.detokenize(tokens)) for score, tokens in nbest[:k]]
+                for nbest in self.translate_tokens(sources, beam_size, batch_size=batch_size)]
 
     def _score(self, log_p: float, length: int) -> float:
         alpha = float(self.settings["length_penalty"])

@@ -24,7 +24,7 @@ if importlib.util.find_spec("ctranslate2") is None:
     pytest.skip("ctranslate2 is not installed (make test installs it)", allow_module_level=True)
 
 from nlp import ct2_export  # noqa: E402
-from nlp.ct2_runtime import Ct2Translator, is_ct2_dir  # noqa: E402
+from nlp.ct2_runtime import Ct2Translator, TextCodec, is_ct2_dir  # noqa: E402
 from nlp.decoding import DecodingSettings, search  # noqa: E402
 from nlp.model import Seq2SeqTransformer  # noqa: E402
 from tfx_transformer import applications  # noqa: E402
@@ -246,3 +246,29 @@ def test_what_ctranslate2_cannot_hold_is_refused_by_name(project, tmp_path):
         ct2_export.model_spec(elu, ["a"] * model.vocab_size, ["a"] * model.vocab_size,
                               "<s>", "</s>", "<unk>")
     assert not any(p.name.startswith(".ct2-") for p in tmp_path.iterdir())
+
+
+def test_marian_text_goes_in_and_out_as_marian_tokenizer_does(nmt_export, tmp_path):
+    # ct2_runtime tokenizes without TensorFlow: the language code, pieces missing from
+    # vocab.json (unk), and decoding that drops eos, pad and unk, as MarianTokenizer does.
+    from nlp.marian_tokenizer import MarianTokenizer
+
+    spm_file = nmt_export[2].parent / "tok.model"
+    pieces = [nmt_export[1].id_to_piece(i) for i in range(4, nmt_export[1].vocab_size)]
+    vocab = ["</s>", "<unk>", *pieces[::2], ">>fra<<", "<pad>"]  # every other piece left out
+    directory = tmp_path / "marian"
+    directory.mkdir()
+    for name in ("source.spm", "target.spm"):
+        shutil.copyfile(spm_file, directory / name)
+    (directory / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    text = TextCodec(directory, {"tokenizer": "marian", "special_tokens": {
+        "eos": "</s>", "unk": "<unk>", "banned": ["<pad>"]}})
+    marian = MarianTokenizer.from_directory(directory)
+    index = {t: i for i, t in enumerate(vocab)}
+    for sentence in [*SENTENCES, ">>fra<< I have three apples.", ">>xyz<<Hi", " >>fra<< no code"]:
+        got = [index.get(t, index["<unk>"]) for t in text.tokenize(sentence)]
+        assert got == marian.encode(sentence), sentence
+    rng = np.random.default_rng(10)
+    for _ in range(5):
+        ids = rng.integers(0, len(vocab), 12).tolist()
+        assert text.detokenize([vocab[i] for i in ids]) == marian.decode(ids)
