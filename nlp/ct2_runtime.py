@@ -21,12 +21,12 @@ TensorFlow). How the search is set:
 What still differs: CTranslate2 stops a sentence once ``beam_size * patience`` hypotheses
 have finished. Our GNMT search goes on until no live hypothesis can beat the best finished
 one, and transformers' until the best live one cannot beat the K-th finished at its current
-length; a hypothesis that finishes later than CTranslate2 stops is missed. With
+length; a hypothesis that finishes later than CTranslate2 stops is missed, hence a
+patience above 1 (`nlp.ct2_export.PATIENCE`, stored in ``settings.json``). With
 ``renormalize=False`` (transformers' default ``renormalize_logits``) the log-probabilities
 here are still normalized after the banned ids are removed. And CTranslate2 translates an
 empty source (eos alone) to an empty string without running the model, which a trained model
-does too, but not every model. ``benchmarks/README.md`` has
-how often translations differ.
+does too, but not every model. ``benchmarks/README.md`` has how often translations differ.
 """
 
 from __future__ import annotations
