@@ -67,19 +67,21 @@ def _randomize(model, seed, eos_bias=0.0):
 
 def _model_dir(path, model, decoding, tokenizer=None, vocabs=None):
     """A model directory as `nlp.ct2_export.write` reads it: model.keras, the tokenizer
-    files, export/translator.json."""
+    files, and the decoding settings (export/translator.json; for Marian, model.json as
+    tfx-convert-nmt writes it)."""
     path.mkdir()
     model.save(path / "model.keras")
+    settings = {"beam_size": decoding.beam_size, "length_penalty": decoding.length_penalty,
+                "extra_length": decoding.extra_length, "convention": decoding.convention,
+                "renormalize": decoding.renormalize}
     if tokenizer is not None:
         tokenizer.save(path)
+        (path / "export").mkdir()
+        (path / "export" / "translator.json").write_text(json.dumps(settings))
     else:  # Marian: the vocabularies, and any SentencePiece model (copied, not read)
         for name, vocab in zip(("vocab.json", "target_vocab.json"), vocabs):
             (path / name).write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
-    (path / "export").mkdir()
-    (path / "export" / "translator.json").write_text(json.dumps(
-        {"beam_size": decoding.beam_size, "length_penalty": decoding.length_penalty,
-         "extra_length": decoding.extra_length, "convention": decoding.convention,
-         "renormalize": decoding.renormalize}))
+        (path / "model.json").write_text(json.dumps({"decoding": settings}))
     return path
 
 
