@@ -53,11 +53,9 @@ def _numpy(variable) -> np.ndarray:
     return np.asarray(variable.numpy(), dtype=np.float32)
 
 
-def _linear(spec, dense, shape=None) -> None:
-    """A Keras kernel ``(in, ...)`` → CTranslate2's ``(out, in)`` weight, and the bias."""
-    kernel = _numpy(dense.kernel)
-    spec.weight = np.ascontiguousarray(kernel.reshape(kernel.shape[0], -1).T if shape is None
-                                       else kernel.reshape(shape).T)
+def _linear(spec, dense) -> None:
+    """A Keras kernel ``(in, out)`` → CTranslate2's ``(out, in)`` weight, and the bias."""
+    spec.weight = np.ascontiguousarray(_numpy(dense.kernel).T)
     if dense.bias is not None:
         spec.bias = _numpy(dense.bias).reshape(-1)
 
@@ -70,7 +68,8 @@ def _norm(spec, layer) -> None:
 def _attention(spec, layer, self_attention: bool) -> None:
     """Our query/key/value ``(d, H, Dh)`` kernels → CTranslate2's fused ``linear`` list."""
     parts = [layer.query_dense, layer.key_dense, layer.value_dense]
-    weights = [_numpy(p.kernel).reshape(_numpy(p.kernel).shape[0], -1).T for p in parts]
+    kernels = [_numpy(p.kernel) for p in parts]  # (d, H, Dh) each
+    weights = [k.reshape(k.shape[0], -1).T for k in kernels]  # (H * Dh, d): CTranslate2's
     biases = [np.zeros(w.shape[0], np.float32) if p.bias is None else _numpy(p.bias).reshape(-1)
               for p, w in zip(parts, weights)]
     groups = [(0, 3)] if self_attention else [(0, 1), (1, 3)]
