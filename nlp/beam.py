@@ -95,8 +95,14 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
         cand = alive_logp[..., None] + ops.reshape(logp, (batch, beam_size, vocab))  # (B, K, V)
         flat = ops.reshape(cand, (batch, beam_size * vocab))
 
-        def extend(score_flat):
-            score, index = ops.top_k(score_flat, beam_size)  # (B, K)
+        # One top-k of 2K over all K·V extensions: each hypothesis has one eos extension, so
+        # at most K of the 2K end in eos, and the 2K hold both the top K of all extensions and
+        # the K best that do not end in eos (in the order of their scores).
+        best, best_index = ops.top_k(flat, 2 * beam_size)  # (B, 2K)
+
+        def extend(position):  # (B, K) positions in the 2K best
+            score = ops.take_along_axis(best, position, axis=1)
+            index = ops.take_along_axis(best_index, position, axis=1)
             parent, token = index // vocab, index % vocab
             seq = pick(ops.reshape(alive_seq, (batch * beam_size, n)), parent)
             seq = ops.reshape(seq, (batch, beam_size, n))
@@ -104,7 +110,8 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
             return score, parent, token, seq
 
         # Finished: eos extensions among the top K of all extensions.
-        top, _, token, seq = extend(flat)
+        rank = ops.arange(2 * beam_size, dtype="int32")[None, :]  # (1, 2K)
+        top, _, token, seq = extend(ops.tile(rank[:, :beam_size], (batch, 1)))
         is_new = (token == eos) & (top > NEG / 2)
         if hf:  # a sentence found done keeps its finished hypotheses
             is_new = is_new & is_open[:, None]
@@ -114,9 +121,9 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
         fin_score, keep = ops.top_k(all_score, beam_size)
         fin_seq = ops.take_along_axis(all_seq, keep[..., None], axis=1)
 
-        # Live: the K best extensions that do not end in eos.
-        eos_column = ops.arange(beam_size * vocab) % vocab == eos
-        alive_logp, parent, _, alive_seq = extend(ops.where(eos_column, NEG, flat))
+        # Live: the K best extensions that do not end in eos: the first K non-eos positions.
+        key = ops.where(best_index % vocab == eos, -2 * beam_size - rank, -rank)  # (B, 2K)
+        alive_logp, parent, _, alive_seq = extend(ops.top_k(key, beam_size)[1])
         cache = tuple(pick(c, parent, axis=1) for c in cache)  # one gather per cache
 
         worst = fin_score[:, decided]

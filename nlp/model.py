@@ -211,8 +211,11 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         if self.output_projection is not None:
             return ops.cast(self.output_projection(h), "float32")
         layer = self.target_embedding if self.tie_output else self.embedding
-        table = ops.cast(layer.embeddings, h.dtype)
-        logits = ops.cast(ops.matmul(h, ops.transpose(table)), "float32")
+        table = ops.cast(layer.embeddings, h.dtype)  # (V, d)
+        # h·tableᵀ as one product that reads the table as stored (TensorFlow: a batch matmul
+        # with the adjoint flag): an explicit transpose copies the whole (V, d) table at every
+        # decoding step (benchmarks/README.md, "Decoding engines").
+        logits = ops.cast(ops.einsum("...d,vd->...v", h, table), "float32")
         if self.logits_bias is not None:
             logits = logits + ops.cast(self.logits_bias, "float32")
         return logits
