@@ -11,8 +11,9 @@ class names, the tokenizer) and ``settings.json`` (format, precision, sizes).
 --precision (what each format takes):
 
   litert       float32, float16 (float16 weights), int8 (int8 weights, dynamic range),
-               int8-full (int8 weights and activations, calibrated on images of the run's
-               own training data: needs a train_detr.py work directory)
+               int8-full (int8 weights and activations, attention kept in float;
+               calibrated on images of the run's own training data: needs a train_detr.py
+               work directory)
   onnx         float32, int8 (int8 weights, onnxruntime's dynamic quantization)
   ctranslate2  float32, int8 (float16 where CTranslate2's CPU kernels have it)
 

@@ -23,14 +23,14 @@ whose resized size is S x S needs no padding and gets the export's detections; a
 gets what the export gives it in a batch with a larger image (DETR pads batches so).
 
 LiteRT: builtin operators only (no Flex), batch fixed (1 unless asked), in ``float32``,
-``float16`` (weights), ``int8`` (dynamic range: int8 weights) or ``int8-full`` (weights and
-activations, calibrated on images of the run's own training data). ONNX: opset 17, dynamic
+``float16`` (weights), ``int8`` (dynamic range: int8 weights) or ``int8-full`` (int8 weights
+and activations of the convolutions and dense layers, calibrated on images of the run's own
+training data; attention and divisions stay float: `FLOAT_OPS`). ONNX: opset 17, dynamic
 batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic quantization).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import pathlib
@@ -39,142 +39,28 @@ import tempfile
 
 import numpy as np
 
-__all__ = ["FILES", "PRECISIONS", "SETTINGS_FILE", "DetectorConverter", "DetectorSource",
-           "find_source", "prepare_image", "representative_images", "write_litert",
-           "write_onnx"]
+from vision.format_inputs import (
+    CALIBRATION_IMAGES,
+    DetectorSource,
+    find_source,
+    prepare_image,
+    representative_images,
+)
+
+__all__ = ["CALIBRATION_IMAGES", "FILES", "PRECISIONS", "SETTINGS_FILE", "DetectorConverter",
+           "DetectorSource", "find_source", "prepare_image", "representative_images",
+           "run_once", "write_litert", "write_onnx"]
 
 FILES = {"litert": "detector.tflite", "onnx": "detector.onnx"}
 PRECISIONS = {"litert": ("float32", "float16", "int8", "int8-full"),
               "onnx": ("float32", "int8")}
 SETTINGS_FILE = "settings.json"
 ONNX_OPSET = 17
-CALIBRATION_IMAGES = 100  # `int8-full`: training images the activation ranges are taken from
+# The LiteRT operators `int8-full` keeps in float (see `DetectorConverter.litert`).
+FLOAT_OPS = ["BATCH_MATMUL", "SOFTMAX", "SELECT_V2", "DIV"]
+# What writing and checking each format imports (the module names).
+RUNTIMES = {"litert": ("ai_edge_litert",), "onnx": ("tf2onnx", "onnxruntime")}
 _CLASSES_FILE = "classes.json"
-_MODEL_FILE = "model.keras"
-
-
-@dataclasses.dataclass(frozen=True)
-class DetectorSource:
-    """What a writer reads of a detector: its Keras model, class names, sizes and data.
-
-    Attributes:
-        model_file: the ``model.keras``.
-        classes_file: the export's ``classes.json``.
-        image_size, max_size: the export's resize (shorter side, cap on the longer side).
-        input_size: S, the side of the fixed input.
-        data: the run's ``--data`` spec, or None when unknown.
-    """
-
-    model_file: pathlib.Path
-    classes_file: pathlib.Path
-    image_size: int
-    max_size: int
-    input_size: int
-    data: str | None
-
-    def settings(self) -> dict:
-        return {"input_size": self.input_size, "image_size": self.image_size,
-                "max_size": self.max_size}
-
-
-def find_source(model: str | os.PathLike, input_size: int | None = None) -> DetectorSource:
-    """The detector of ``--model``: a finished ``train_detr.py`` work directory, its
-    ``export/``, or a ``tfx-convert-detr`` directory (``model.keras`` beside ``export/``).
-
-    The resize comes from the run's ``metrics.json`` (its ``config``); without one (a
-    converted checkpoint) ``input_size`` is needed and is also the resize. ``input_size``
-    defaults to the longer side's cap, so that every image fits without shrinking further.
-
-    Raises:
-        ValueError: ``model`` is no detector, or a size is missing or out of range.
-    """
-    path = pathlib.Path(model)
-    if not path.exists():
-        raise ValueError(f"--model {model}: no such file or directory")
-    found = [d for d in (path, path.parent) if (d / _MODEL_FILE).is_file()
-             and (d / "export" / _CLASSES_FILE).is_file()]
-    if not found:
-        if (path / "translator.json").is_file() or (path / "export" / "translator.json").is_file():
-            raise ValueError(f"--model {model}: a translator; LiteRT and ONNX take the detector "
-                             "(translators: --format ctranslate2)")
-        raise ValueError(f"--model {model}: no detector here (expected a train_detr.py work "
-                         f"directory, its export/, or a tfx-convert-detr directory: "
-                         f"{_MODEL_FILE} beside export/{_CLASSES_FILE})")
-    root = found[0]
-    metrics_file = root / "metrics.json"
-    metrics = json.loads(metrics_file.read_text(encoding="utf-8")) \
-        if metrics_file.is_file() else {}
-    config, data = metrics.get("config") or {}, (metrics.get("data") or {}).get("spec")
-    if input_size is not None and (isinstance(input_size, bool) or int(input_size) < 8):
-        raise ValueError(f"--input-size {input_size}: must be an integer of at least 8")
-    if "image_size" in config:
-        image_size, max_size = int(config["image_size"]), int(config["max_image_size"])
-    elif input_size is not None:
-        image_size = max_size = int(input_size)
-    else:
-        raise ValueError(f"--model {model}: {metrics_file} does not record the image size the "
-                         "detector was trained at; give --input-size")
-    size = max_size if input_size is None else int(input_size)
-    return DetectorSource(root / _MODEL_FILE, root / "export" / _CLASSES_FILE, image_size,
-                          max_size, size, data)
-
-
-def prepare_image(image, settings: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The inputs of the LiteRT and ONNX detectors for one decoded image.
-
-    The image is resized as the ``Detector`` export resizes it (`tf.image.resize`, bilinear,
-    antialiased; shorter side ``image_size``, longer side at most ``max_size``, both capped at
-    ``input_size``) and zero-padded to ``input_size`` squared.
-
-    Args:
-        image: ``(H, W, 3)`` uint8 RGB (e.g. ``np.asarray(PIL.Image.open(f).convert("RGB"))``).
-        settings: the ``settings.json`` written beside the model (``input_size``,
-            ``image_size``, ``max_size``).
-
-    Returns:
-        ``(images (S, S, 3) float32 pixel values 0..255, mask (S, S) float32)``: stack them
-        into the ``images`` and ``mask`` inputs of a batch.
-    """
-    import tensorflow as tf
-
-    from vision.data.augment import resized_shape
-
-    image = tf.convert_to_tensor(image)
-    if image.dtype != tf.uint8 or image.shape.rank != 3 or image.shape[-1] != 3:
-        raise ValueError("`image` must be uint8 of shape (H, W, 3). Received: "
-                         f"dtype={image.dtype.name}, shape={tuple(image.shape)}")
-    side = int(settings["input_size"])
-    cap = min(int(settings["max_size"]), side)
-    height, width = resized_shape(tf.shape(image)[0], tf.shape(image)[1],
-                                  min(int(settings["image_size"]), cap), cap)
-    resized = tf.image.resize(image, tf.stack([height, width]), antialias=True).numpy()
-    pixels = np.zeros((side, side, 3), np.float32)
-    mask = np.zeros((side, side), np.float32)
-    pixels[:resized.shape[0], :resized.shape[1]] = resized
-    mask[:resized.shape[0], :resized.shape[1]] = 1.0
-    return pixels, mask
-
-
-def representative_images(source: DetectorSource, count: int = CALIBRATION_IMAGES
-                          ) -> list[dict[str, np.ndarray]]:
-    """``count`` inputs (batch 1) from the start of the run's training split, for
-    ``int8-full`` calibration.
-
-    Raises:
-        ValueError: the run's data is unknown (no ``metrics.json`` names it).
-    """
-    if source.data is None:
-        raise ValueError("--precision int8-full calibrates on the run's training data, and "
-                         f"{source.model_file.parent} has no metrics.json naming it; use a "
-                         "train_detr.py work directory")
-    from vision.data.sources import load_source
-
-    records = load_source(source.data, log=lambda *_: None).records("train").take(count)
-    inputs = []
-    for record in records.as_numpy_iterator():
-        pixels, mask = prepare_image(record["image"], source.settings())
-        inputs.append({"images": pixels[None], "mask": mask[None]})
-    return inputs
 
 
 class DetectorConverter:
@@ -250,16 +136,21 @@ class DetectorConverter:
             return converter.convert()
         if not calibration:
             raise ValueError("--precision int8-full needs calibration images")
-        # Calibrated int8 activations wherever LiteRT has int8 kernels, but the divisions
-        # stay float: the sine position embedding divides by a padded column's or row's
-        # zero count (plus 1e-6), which int8 holds as exactly zero and LiteRT's int8 DIV
-        # refuses at run time.
-        converter.representative_dataset = lambda: iter(calibration)
+        # Calibrated int8 activations in the convolutions and dense layers (the weights'
+        # products), float in attention (its two activation-by-activation products, mask
+        # and softmax) and in divisions. Quantizing attention too halves the trained tiny
+        # detector's AP50 (benchmarks/README.md); and the sine position embedding divides by
+        # a padded row's or column's pixel count plus 1e-6, which int8 holds as exactly zero
+        # and LiteRT's int8 division refuses at run time.
+        size = self.batch_size  # the calibration images in batches of the file's size
+        batches = [{key: np.concatenate([item[key] for item in calibration[i:i + size]])
+                    for key in calibration[0]} for i in range(0, len(calibration) - size + 1, size)]
+        converter.representative_dataset = lambda: iter(batches)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
                                                tf.lite.OpsSet.TFLITE_BUILTINS]
         quantizer = tf.lite.experimental.QuantizationDebugger(
-            converter=converter, debug_dataset=lambda: iter(calibration),
-            debug_options=tf.lite.experimental.QuantizationDebugOptions(denylisted_ops=["DIV"]))
+            converter=converter, debug_dataset=lambda: iter(batches),
+            debug_options=tf.lite.experimental.QuantizationDebugOptions(denylisted_ops=FLOAT_OPS))
         return quantizer.get_nondebug_quantized_model()
 
     def onnx(self, precision: str) -> bytes:
@@ -290,23 +181,41 @@ def _check_precision(kind: str, precision: str) -> None:
                          f"{', '.join(PRECISIONS[kind])}")
 
 
+def run_once(kind: str, data: bytes, input_size: int, batch_size: int = 1) -> dict:
+    """Runs a written file once on blank images with its runtime: LiteRT's interpreter
+    (which has no Flex delegate: a TensorFlow kernel in the file fails here) or ONNX
+    Runtime. Returns the outputs."""
+    images = np.zeros((batch_size, input_size, input_size, 3), np.float32)
+    mask = np.ones((batch_size, input_size, input_size), np.float32)
+    if kind == "litert":
+        from ai_edge_litert.interpreter import Interpreter
+
+        return Interpreter(model_content=data).get_signature_runner()(images=images, mask=mask)
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(None, {"images": images, "mask": mask})))
+
+
 def _write(kind: str, model, out, precision: str, input_size: int | None) -> dict:
     """Writes ``out`` (which must not exist) through a temporary directory beside it."""
     _check_precision(kind, precision)
     out = pathlib.Path(out)
     if out.exists():
         raise ValueError(f"--out {out}: already exists; choose a new path")
-    runtime = {"litert": "ai_edge_litert", "onnx": "tf2onnx"}[kind]
-    try:
-        __import__(runtime)
-    except ImportError:
-        raise ValueError(f"--format {kind}: {runtime} is not installed (pip install "
-                         f"'tfx-transformer[test]')") from None
+    for runtime in RUNTIMES[kind]:
+        try:
+            __import__(runtime)
+        except ImportError:
+            raise ValueError(f"--format {kind}: {runtime} is not installed (pip install "
+                             f"'tfx-transformer[test]')") from None
     source = find_source(model, input_size)
     calibration = representative_images(source) if precision == "int8-full" else None
     with DetectorConverter(source) as converter:
         data = converter.litert(precision, calibration) if kind == "litert" \
             else converter.onnx(precision)
+    run_once(kind, data, source.input_size)  # what is written runs (LiteRT: without Flex)
     settings = {"format": kind, "precision": precision, **source.settings(),
                 "batch_size": 1 if kind == "litert" else None,
                 "calibration_images": len(calibration) if calibration else None,

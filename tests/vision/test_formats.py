@@ -12,6 +12,7 @@ import dataclasses
 import io
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -181,7 +182,7 @@ def _error(argv, capsys) -> str:
     return err[-1]
 
 
-def test_command_refuses_bad_input_with_one_error_line(run_dir, tmp_path, capsys):
+def test_command_refuses_bad_input_with_one_error_line(run_dir, tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_help:
         command.main(["--help"])
     assert exit_help.value.code == 0 and "--input-size" in capsys.readouterr().out
@@ -202,4 +203,7 @@ def test_command_refuses_bad_input_with_one_error_line(run_dir, tmp_path, capsys
     _error([*base[:3], "ctranslate2", "--out", str(tmp_path / "f")], capsys)  # a detector
     assert "must be a positive" in _error([*base, "--input-size", "0", "--out",
                                            str(tmp_path / "d")], capsys)
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if it were not installed
+    assert "onnxruntime is not installed" in _error(
+        [*base[:3], "onnx", "--out", str(tmp_path / "g")], capsys)
     assert not (tmp_path / "b").exists() and not list(tmp_path.glob(".*"))
