@@ -222,6 +222,9 @@ def _write(kind: str, model, out, precision: str, input_size: int | None) -> dic
                 "source": str(source.model_file.parent.resolve())}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # as a new directory (mkdtemp makes it private)
     try:
         (tmp / FILES[kind]).write_bytes(data)
         shutil.copyfile(source.classes_file, tmp / _CLASSES_FILE)

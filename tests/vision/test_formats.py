@@ -1,7 +1,7 @@
 """The LiteRT and ONNX detectors (vision.formats) against the SavedModel, and tfx-export.
 
-One tiny untrained detector (the shared `detr_export`, images resized to 48, longest side 64)
-is converted once per variant. The reference is the export itself: its ``serving_bytes``
+One tiny untrained detector (images resized to 48, longest side 64) is converted once per
+variant. The reference is the export itself: its ``serving_bytes``
 signature pads a batch to its largest image, as the fixed 64 x 64 input of the files pads
 each image, so a portrait and a landscape image (64 x 48 and 48 x 64 after resizing) fill a
 64 x 64 batch in both.
@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import io
 import json
-import shutil
 import sys
 
 import numpy as np
@@ -27,20 +26,30 @@ from vision.formats import (
     representative_images,
 )
 
-IMAGE_SIZE, MAX_SIZE = 48, 64  # those of the shared `detr_export` (tests/conftest.py)
+IMAGE_SIZE, MAX_SIZE = 48, 64
 CALIBRATION = 8  # int8-full: training images calibrated on (the writer takes 100)
 
 
 @pytest.fixture(scope="module")
-def run_dir(detr_export, tmp_path_factory):
-    """A work directory of the shared detector: export/, model.keras, metrics.json."""
-    model, path, config = detr_export
+def run_dir(tmp_path_factory):
+    """A work directory of a tiny untrained detector (fixed weights: the quantized files'
+    bounds hold for these): export/, model.keras, metrics.json."""
+    import keras
+
+    from vision.config import preset
+    from vision.modeling.detr import build_model
+    from vision.training.export import export_detector
+
+    config = preset("tiny", hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6,
+                    tiny_filters=(8, 16, 16, 32), num_encoder_layers=1, num_decoder_layers=2,
+                    image_size=IMAGE_SIZE, max_image_size=MAX_SIZE)
+    keras.utils.set_random_seed(5)
+    model = build_model(config, 3)
     root = tmp_path_factory.mktemp("formats") / "run"
-    shutil.copytree(path, root / "export")
+    export_detector(model, root / "export", ("circle", "square", "triangle"), IMAGE_SIZE,
+                    MAX_SIZE)
     model.save(root / "model.keras")
-    config = dataclasses.asdict(dataclasses.replace(
-        config, image_size=IMAGE_SIZE, max_image_size=MAX_SIZE))
-    (root / "metrics.json").write_text(json.dumps({"config": config,
+    (root / "metrics.json").write_text(json.dumps({"config": dataclasses.asdict(config),
                                                    "data": {"spec": "embedded"}}))
     return root
 
