@@ -31,7 +31,11 @@ def _check_cache_index(cache, cache_index, key):
 
 
 def _heads(x):
-    """``(B, T, H, D)`` <-> ``(B, H, T, D)``."""
+    """``(B, T, H, D)`` <-> ``(B, H, T, D)``; a reshape, which moves no data, when the axis
+    that moves is 1 long (a decoding step)."""
+    if x.shape[1] == 1 or x.shape[2] == 1:
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[2], shape[1], shape[3]))
     return ops.transpose(x, (0, 2, 1, 3))
 
 
