@@ -22,6 +22,7 @@ SCRIPTS = {
     "tfx-detect": "detect.py", "tfx-evaluate-detr": "evaluate_detr.py",
     "tfx-quickstart": "quickstart.py", "tfx-serve": "serve.py",
     "tfx-convert-detr": "convert_detr.py", "tfx-convert-nmt": "convert_nmt.py",
+    "tfx-export": "export.py",
 }
 
 
