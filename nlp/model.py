@@ -212,10 +212,15 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
             return ops.cast(self.output_projection(h), "float32")
         layer = self.target_embedding if self.tie_output else self.embedding
         table = ops.cast(layer.embeddings, h.dtype)  # (V, d)
-        # h·tableᵀ as one product that reads the table as stored (TensorFlow: a batch matmul
-        # with the adjoint flag): an explicit transpose copies the whole (V, d) table at every
-        # decoding step (benchmarks/README.md, "Decoding engines").
-        logits = ops.cast(ops.einsum("...d,vd->...v", h, table), "float32")
+        # h·tableᵀ as one product that reads the table as stored: an explicit transpose copies
+        # the whole (V, d) table at every decoding step. On 2-D operands: TensorFlow's einsum
+        # gradient of a broadcast ("...d,vd") materializes (V, d, ...) (out of memory at base
+        # size).
+        shape = ops.shape(h)
+        flat = ops.reshape(h, (-1, shape[-1]))  # (N, d)
+        logits = ops.einsum("vd,nd->nv", table, flat)  # (N, V)
+        logits = ops.reshape(logits, (*shape[:-1], ops.shape(table)[0]))
+        logits = ops.cast(logits, "float32")
         if self.logits_bias is not None:
             logits = logits + ops.cast(self.logits_bias, "float32")
         return logits
