@@ -19,6 +19,8 @@ from nlp.marian_tokenizer import MarianTokenizer
 from nlp.model import Seq2SeqTransformer
 from nlp.model_dir import write_model_dir
 
+pytestmark = pytest.mark.xdist_group("marian_finetune")  # its module fixtures are built once
+
 PAIRS = generate_pairs(400, seed=3)
 
 

@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+pytestmark = pytest.mark.xdist_group("marian_reference")  # its module fixtures are built once
+
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("torch and transformers are not installed (make test installs them)",
                 allow_module_level=True)

@@ -18,6 +18,8 @@ from nlp.evaluate import nbest_all, translate_all
 from nlp.model import Seq2SeqTransformer
 from nlp.special_ids import EOS_ID
 
+pytestmark = pytest.mark.xdist_group("translator_export")  # its module fixtures are built once
+
 DECODING = DecodingSettings(beam_size=3, length_penalty=0.6, extra_length=6)
 TEXTS = ["I have three apples.", "", "She is twenty-one years old."]
 

@@ -26,6 +26,8 @@ from vision.formats import (
     representative_images,
 )
 
+pytestmark = pytest.mark.xdist_group("formats")  # its module fixtures are built once
+
 IMAGE_SIZE, MAX_SIZE = 48, 64
 CALIBRATION = 8  # int8-full: training images calibrated on (the writer takes 100)
 
