@@ -47,11 +47,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import marian_stages  # noqa: E402
-from marian_stages import batches_of, count_generated, emit  # noqa: E402
-from nmt_marian import ENV, PY, ROOT, Worker, machine, read_result  # noqa: E402
+import marian_stages  # this script's folder is on the path when it runs
+from marian_stages import batches_of, count_generated, emit
+from nmt_marian import ENV, PY, ROOT, Worker, machine, read_result
 
 STAGES = [PY, os.path.join(ROOT, "benchmarks", "marian_stages.py")]
 ENGINES = ("ours", "transformers", "ct2 float32", "ct2 int8")
