@@ -79,10 +79,25 @@ def _transformers_names(encoder_layers, decoder_layers, queries):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A transformers-layout DETR-R50 checkpoint (1 + 2 layers, 10 queries) of random numbers,
-    with the config.json of facebook/detr-resnet-50's classes beside it."""
+    with the config.json of facebook/detr-resnet-50's classes beside it. Scaled so that the
+    outputs are finite and differ from image to image and from query to query: each matrix by
+    one over the root of its inputs, the queries by 1; norms' scales and BatchNorm variances
+    near 1; biases and means small."""
     rng = np.random.default_rng(0)
-    state = {name: (rng.standard_normal(shape) * 0.02).astype("float32")
-             for name, shape in _transformers_names(1, 2, 10).items()}
+    state = {}
+    for name, shape in _transformers_names(1, 2, 10).items():
+        noise = rng.standard_normal(shape)
+        if name == "model.query_position_embeddings.weight":
+            pass
+        elif len(shape) > 1:
+            noise /= np.sqrt(np.prod(shape[1:]))
+        elif name.endswith("running_var"):
+            noise = 1.0 + 0.02 * np.abs(noise)
+        elif name.endswith(".weight"):  # a norm's scale
+            noise = 1.0 + 0.02 * noise
+        else:
+            noise *= 0.02
+        state[name] = noise.astype("float32")
     folder = tmp_path_factory.mktemp("detr-resnet-50")
     save_file(state, str(folder / "model.safetensors"))
     id2label = {str(i): "N/A" for i in range(91)}
@@ -131,15 +146,17 @@ def test_convert_writes_a_model_directory_that_detect_and_fine_tuning_take(check
     classes = json.loads((out / "export" / "classes.json").read_text())
     assert classes["category_ids"][:5] == [1, 2, 3, 4, 5] and len(classes["class_names"]) == 80
     assert classes["class_names"][classes["category_ids"].index(90)] == "toothbrush"
-    # The export gives what the converted model gives (bare TensorFlow, another process).
+    # The export gives what the converted model gives (bare TensorFlow, another process), on
+    # an image that its resize (shorter side 800, longer at most 1333) leaves as it is.
     expected = load_reference_checkpoint(path)
-    image = np.random.default_rng(1).integers(0, 256, (1, 800, 800, 3), dtype="uint8")
+    image = np.random.default_rng(1).integers(0, 256, (1, 64, 1333, 3), dtype="uint8")
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
     outputs = expected({"images": ((image / 255.0 - mean) / std).astype("float32")})
     probs = keras.ops.convert_to_numpy(keras.ops.softmax(outputs["pred_logits"]))[..., :-1]
+    assert np.isfinite(probs).all() and np.ptp(probs.max(-1)) > 1e-3  # each query its own
     script = ("import sys, numpy as np, tensorflow as tf\n"
               "m = tf.saved_model.load(sys.argv[1])\n"
-              "image = np.random.default_rng(1).integers(0, 256, (1, 800, 800, 3), 'uint8')\n"
+              "image = np.random.default_rng(1).integers(0, 256, (1, 64, 1333, 3), 'uint8')\n"
               "out = m.signatures['serving_default'](images=tf.constant(image))\n"
               "np.save(sys.argv[2], out['scores'].numpy())\n")
     import subprocess

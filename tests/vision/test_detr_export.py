@@ -18,6 +18,9 @@ from vision.modeling.postprocess import postprocess
 from vision.serving import load_detector
 from vision.training.export import export_detector, make_detect_fn
 
+# One worker runs this module, so that its module fixtures are built once.
+pytestmark = pytest.mark.xdist_group("detr_export")
+
 IMAGE_SIZE, MAX_SIZE = 48, 64  # those of the shared `detr_export` (tests/conftest.py)
 NAMES = ("circle", "square", "triangle")
 
@@ -27,6 +30,18 @@ def exported(detr_export):
     model, path, config = detr_export
     assert config.num_queries == 6
     return model, path
+
+
+@pytest.fixture(scope="module")
+def replaced(exported, tmp_path_factory):
+    """An export with category ids [4, 5, 9] written over a directory that held a stale file:
+    (the folder holding it, its path)."""
+    model, _ = exported
+    folder = tmp_path_factory.mktemp("replaced")
+    (folder / "export").mkdir()
+    (folder / "export" / "stale.txt").write_text("x")
+    export_detector(model, folder / "export", NAMES, IMAGE_SIZE, MAX_SIZE, category_ids=[4, 5, 9])
+    return folder, folder / "export"
 
 
 def _images():
@@ -122,23 +137,25 @@ def test_load_detector_and_in_process_detect_fn(exported, tmp_path):
     assert str(info.value) == (f"{tmp_path / 'other'} has no 'serving_bytes' signature (it has "
                                "['serving_default']), so it is no detector export")
     shutil.rmtree(tmp_path / "other")
-    # Exporting again replaces the directory as a whole.
-    (tmp_path / "export").mkdir()
-    (tmp_path / "export" / "stale.txt").write_text("x")
-    export_detector(model, tmp_path / "export", NAMES, IMAGE_SIZE, MAX_SIZE, category_ids=[4, 5, 9])
-    assert sorted(os.listdir(tmp_path)) == ["export"]
-    assert not (tmp_path / "export" / "stale.txt").exists()
-    assert load_detector(tmp_path / "export").category_ids == [4, 5, 9]
     with pytest.raises(ValueError, match="model's 3 classes"):
         export_detector(model, tmp_path / "bad", NAMES[:2], IMAGE_SIZE, MAX_SIZE)
+    assert not os.listdir(tmp_path)
 
 
-def test_failed_export_leaves_the_previous_export_intact(exported, tmp_path, monkeypatch):
+def test_exporting_again_replaces_the_directory_as_a_whole(replaced):
+    folder, export = replaced
+    assert sorted(os.listdir(folder)) == ["export"]
+    assert not (export / "stale.txt").exists()
+    assert load_detector(export).category_ids == [4, 5, 9]
+
+
+def test_failed_export_leaves_the_previous_export_intact(exported, replaced, tmp_path,
+                                                         monkeypatch):
     import keras
 
     model, path = exported
     target = tmp_path / "export"
-    export_detector(model, target, NAMES, IMAGE_SIZE, MAX_SIZE, category_ids=[4, 5, 9])
+    shutil.copytree(replaced[1], target)  # an earlier export (of category ids [4, 5, 9])
     before = {name: (target / name).read_bytes() for name in ("saved_model.pb", "classes.json")}
 
     def write_half_and_fail(self, filepath, **kwargs):
