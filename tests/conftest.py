@@ -3,6 +3,8 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import fcntl  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -41,36 +43,82 @@ def _fresh_keras_state():
     keras.config.set_dtype_policy("float32")
 
 
-# --- Shared exports, written once per session. Read them; copy (shutil.copytree) to change. ---
+# --- Shared exports, written once per test run. Read them; copy (shutil.copytree) to change. ---
+
+
+def _made_once(tmp_path_factory, name, make):
+    """``make(folder)``, once per test run; returns the folder.
+
+    Under pytest-xdist the workers share one folder in the run's base temporary directory: the
+    first worker to get here makes it, another waits for it (a lock) and reads what it wrote, so
+    a session artefact costs one build per run, not one per worker. Without xdist: a new folder.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    run = tmp_path_factory.getbasetemp().parent  # this run's (xdist: BASETEMP/popen-gwN)
+    folder = run / f"shared-{name}"
+    with open(run / f"shared-{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (folder / ".complete").exists():  # nobody made it, or a worker failed to
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (folder / ".complete").touch()
+    return folder
+
+
+WEIGHTS = "model.weights.h5"  # the shared model's weights, for the workers that did not make it
 
 NMT_DECODING = dict(beam_size=3, length_penalty=0.6, extra_length=6)
 
 
+def _nmt_model(tokenizer):
+    from nlp.model import Seq2SeqTransformer
+
+    keras.utils.set_random_seed(1)
+    return Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
+                              num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
+                              dropout=0.0, max_positions=128)
+
+
 @pytest.fixture(scope="session")
 def nmt_export(tmp_path_factory):
-    """(model, tokenizer, export path) of a tiny untrained translator (beam 3, extra 6).
+    """(model, tokenizer, export path) of a tiny untrained translator (beam 3, extra 6); the
+    export's folder also holds its tokenizer, ``tok.model``.
 
     The export directory held a stale file before: `export_translator` replaces it whole.
+    Made once per run (`_made_once`); a worker that did not make it builds the same model and
+    reads the maker's weights into it.
     """
     from nlp.data.embedded import generate_pairs
     from nlp.decoding import DecodingSettings
     from nlp.export import export_translator
-    from nlp.model import Seq2SeqTransformer
     from nlp.tokenizer import Tokenizer
     from nlp.vocabulary import train_tokenizer
 
-    tmp = tmp_path_factory.mktemp("nmt_export")
-    pairs = generate_pairs(200)
-    path = train_tokenizer([t for p in pairs for t in p], str(tmp / "tok.model"), vocab_size=200)
-    tokenizer = Tokenizer.from_file(path)
-    keras.utils.set_random_seed(1)
-    model = Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
-                               num_decoder_layers=1, d_model=32, num_heads=4, ffn_dim=64,
-                               dropout=0.0, max_positions=128)
-    (tmp / "export").mkdir()
-    (tmp / "export" / "stale.txt").write_text("from an earlier run")
-    export_translator(model, tokenizer, tmp / "export", DecodingSettings(**NMT_DECODING))
-    return model, tokenizer, tmp / "export"
+    made = []
+
+    def make(folder):
+        pairs = generate_pairs(200)
+        path = train_tokenizer([t for p in pairs for t in p], str(folder / "tok.model"),
+                               vocab_size=200)
+        tokenizer = Tokenizer.from_file(path)
+        model = _nmt_model(tokenizer)
+        (folder / "export").mkdir()
+        (folder / "export" / "stale.txt").write_text("from an earlier run")
+        export_translator(model, tokenizer, folder / "export", DecodingSettings(**NMT_DECODING))
+        model.save_weights(str(folder / WEIGHTS))
+        made.extend([model, tokenizer])
+
+    folder = _made_once(tmp_path_factory, "nmt_export", make)
+    if not made:
+        tokenizer = Tokenizer.from_file(str(folder / "tok.model"))
+        model = _nmt_model(tokenizer)
+        model.load_weights(str(folder / WEIGHTS))
+        made.extend([model, tokenizer])
+    return made[0], made[1], folder / "export"
 
 
 @pytest.fixture(scope="session")
@@ -124,22 +172,41 @@ DETR_SMALL = dict(hidden_dim=32, num_heads=4, ffn_dim=64, num_queries=6,
 DETR_IMAGE_SIZE, DETR_MAX_SIZE = 48, 64
 
 
-@pytest.fixture(scope="session")
-def detr_export(tmp_path_factory):
-    """(model, export path, config) of a small untrained detector (circle, square, triangle;
-    no category ids), images resized to 48 (longest side at most 64)."""
+def _detr_model():
     from vision.config import preset
     from vision.modeling.detr import build_model
-    from vision.training.export import export_detector
 
     config = preset("tiny", **DETR_SMALL)
     # Its own seed: whatever ran before on this worker, its weights are not those a run
     # seeded with the default seed (0) starts from.
     keras.utils.set_random_seed(1234)
-    model = build_model(config, len(DETR_NAMES))
-    path = export_detector(model, tmp_path_factory.mktemp("detr_export") / "export",
-                           DETR_NAMES, DETR_IMAGE_SIZE, DETR_MAX_SIZE)
-    return model, path, config
+    return build_model(config, len(DETR_NAMES)), config
+
+
+@pytest.fixture(scope="session")
+def detr_export(tmp_path_factory):
+    """(model, export path, config) of a small untrained detector (circle, square, triangle;
+    no category ids), images resized to 48 (longest side at most 64).
+
+    Made once per run (`_made_once`); a worker that did not make it builds the same model and
+    reads the maker's weights into it.
+    """
+    from vision.training.export import export_detector
+
+    made = []
+
+    def make(folder):
+        model, config = _detr_model()
+        export_detector(model, folder / "export", DETR_NAMES, DETR_IMAGE_SIZE, DETR_MAX_SIZE)
+        model.save_weights(str(folder / WEIGHTS))
+        made.extend([model, config])
+
+    folder = _made_once(tmp_path_factory, "detr_export", make)
+    if not made:
+        model, config = _detr_model()
+        model.load_weights(str(folder / WEIGHTS))
+        made.extend([model, config])
+    return made[0], str(folder / "export"), made[1]  # as `export_detector` returns it
 
 
 DETR_README = ("--data", "embedded", "--preset", "tiny")  # README: train_detr.py, --time-budget
