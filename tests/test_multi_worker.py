@@ -1,15 +1,16 @@
-"""Real `MultiWorkerMirroredStrategy` workers on 127.0.0.1.
+"""Real `MultiWorkerMirroredStrategy` workers on 127.0.0.1, in one flow of two phases.
 
-Two workers train NMT (with ``patience``, to its early stop), then DETR, then rerun the
-finished NMT run. Each worker is its own process with its own ``TF_CONFIG``, work directory
-and temp folder. They must end with the same weights (their halves of each global batch
-differ, so only synchronized steps agree) after the same epoch, the non-chief must get the
-chief's tokenizer, only the chief writes (``export/``, ``metrics.json``, ``tokenizer.model``),
-nothing is left in a temp folder, and a rerun of the finished NMT run ends at once on both.
-A second test kills the chief mid-run: the other worker ends with one ``error:`` line within
-60 s; the same command on both then resumes from the chief's backup, in sync. Each process is
-killed at a deadline, and a worker that fails stops the other one: the tests fail with both
-logs and never hang.
+Phase 1: two workers train NMT (with ``patience``, to its early stop), then DETR, then rerun
+the finished NMT run, then run the user's command (``train_nmt.py``'s ``main``, in the same
+process) whose chief kills itself mid-run. Each worker is its own process with its own
+``TF_CONFIG``, work directories and temp folder. They must end the runs with the same weights
+(their halves of each global batch differ, so only synchronized steps agree) after the same
+epoch, the non-chief must get the chief's tokenizer, only the chief writes (``export/``,
+``metrics.json``, ``tokenizer.model``), nothing is left in a temp folder, and a rerun of the
+finished NMT run ends at once on both. When the chief is killed, the other worker ends with
+one ``error:`` line within 60 s. Phase 2: the same command (``scripts/train_nmt.py``) on both
+resumes from the chief's backup, in sync. Each process is killed at a deadline, and a worker
+that fails stops the other one: the test fails with both logs and never hangs.
 """
 
 import json
@@ -25,10 +26,13 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEADLINE_S = 420  # for both workers together; the run takes about two minutes on two cores
+DEADLINE_S = 480  # for both workers of one phase; phase 1 takes about a minute on two cores
+KILL_WITHIN_S = 60
 
 WORKER = textwrap.dedent("""
-    import os, sys
+    import json, os, sys
+    # First, as in scripts/train_nmt.py: oneDNN asked for and TensorFlow's quiet start.
+    from nlp.commands.train import main as train_nmt_command
     import numpy as np
     import keras
     from nlp.config import preset as nmt_preset
@@ -37,7 +41,7 @@ WORKER = textwrap.dedent("""
     from vision.config import preset as detr_preset
     from vision.training.train import train_detr
 
-    out = sys.argv[1]
+    out, data, command = sys.argv[1], "tsv:" + sys.argv[2], json.loads(sys.argv[3])
 
     class KeepWeights(keras.callbacks.Callback):  # the weights fit ends with
         def __init__(self, name):
@@ -54,7 +58,6 @@ WORKER = textwrap.dedent("""
                      num_heads=2, ffn_dim=32, num_encoder_layers=1, num_decoder_layers=1,
                      beam_size=1, extra_length=2, batch_tokens=400)
     nmt_run = RunOptions(strategy="multi_worker", epochs=5, eval_limit=1, valid_fraction=0.1)
-    data = "tsv:" + sys.argv[2]
     train_nmt(data, os.path.join(out, "nmt"), nmt, nmt_run, callbacks=[KeepWeights("nmt")])
     detr = detr_preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=8,
                        num_encoder_layers=1, num_decoder_layers=1, tiny_filters=(8, 16),
@@ -64,9 +67,20 @@ WORKER = textwrap.dedent("""
     # A rerun of the finished run: every worker reads the chief's run.json and stops at once
     # (alone, the other worker would wait in fit for a chief that never comes).
     print("RERUN", train_nmt(data, os.path.join(out, "nmt"), nmt, nmt_run), flush=True)
-    print("WORKER DONE", flush=True)
+    # Nothing outlives the runs outside their work directories (autograph's files go at the
+    # interpreter's exit, which this process never reaches; phase 2 checks them).
+    temp = os.environ["TMPDIR"]
+    print("TEMP LEFT", [name for name in os.listdir(temp)
+                        if not name.startswith("__autograph_generated_file")], flush=True)
+    print("RUNS DONE", flush=True)
+    # The user's command; the chief SIGKILLs itself just before epoch 2's first step (the
+    # testing hook), the other worker's watch of the chief ends this process.
+    if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+        os.environ["TFX_TRANSFORMER_FAULT"] = "epoch:2"
+    code = train_nmt_command(command)
+    print("COMMAND EXIT", code, flush=True)
     sys.stderr.flush()
-    os._exit(0)  # the collective runtime's teardown only costs time here
+    os._exit(code)  # the collective runtime's teardown only costs time here
 """)
 
 
@@ -89,7 +103,7 @@ def _pairs(tmp_path):
     return tsv
 
 
-def _start(tmp_path, name, argv, index, ports, fault=None):
+def _start(tmp_path, name, argv, index, ports):
     """Worker ``index`` of ``len(ports)`` running ``argv``, its own temp folder
     (``tmp_path/NAME-temp-INDEX``); stdout and stderr go to ``NAME-INDEX.out`` / ``.err``."""
     config = {"cluster": {"worker": [f"127.0.0.1:{port}" for port in ports]},
@@ -99,8 +113,6 @@ def _start(tmp_path, name, argv, index, ports, fault=None):
     env = {**os.environ, "TF_CONFIG": json.dumps(config), "TF_CPP_MIN_LOG_LEVEL": "3",
            "KERAS_BACKEND": "tensorflow", "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(temp)}
     env.pop("TFX_TRANSFORMER_FAULT", None)
-    if fault:
-        env["TFX_TRANSFORMER_FAULT"] = fault
     with open(tmp_path / f"{name}-{index}.out", "w") as out, \
             open(tmp_path / f"{name}-{index}.err", "w") as err:
         return subprocess.Popen([sys.executable, *map(str, argv)], cwd=ROOT, env=env,
@@ -130,29 +142,46 @@ def _read(tmp_path, name, index, kind):
     return (tmp_path / f"{name}-{index}.{kind}").read_text()
 
 
-def _run_workers(tmp_path) -> list[str]:
-    """Runs the two WORKER processes to the end; returns their logs."""
-    tsv, ports, procs = _pairs(tmp_path), _free_ports(2), []
+def _command(tmp_path, tsv, index):
+    """train_nmt.py's arguments as worker ``index``'s user types them."""
+    return ["--data", f"tsv:{tsv}", "--preset", "tiny", "--workdir",
+            str(tmp_path / f"work-{index}"), "--strategy", "multi_worker", "--epochs", "2",
+            "--vocab-size", "120", "--batch-tokens", "400", "--beam", "1",
+            "--valid-fraction", "0.1"]
+
+
+def _run_phase_1(tmp_path, tsv):
+    """The two WORKER processes: until the chief kills itself in the command, then until the
+    other one ends (at most KILL_WITHIN_S later). Returns (processes, seconds the other one
+    took to end after the chief, report)."""
+    ports, procs = _free_ports(2), []
     for index in range(2):
         (tmp_path / f"worker-{index}").mkdir()
-        procs.append(_start(tmp_path, "run", ["-c", WORKER, tmp_path / f"worker-{index}", tsv],
-                            index, ports))
-    report = _finish(tmp_path, "run", procs, time.monotonic() + DEADLINE_S)
-    assert all(p.returncode == 0 for p in procs), report
-    texts = [_read(tmp_path, "run", i, "out") + _read(tmp_path, "run", i, "err")
-             for i in range(2)]
-    assert all("WORKER DONE" in text for text in texts), report
-    for index in range(2):  # nothing outlives the run outside its work directory (autograph's
-        # files go at the interpreter's exit, which WORKER skips; the command test checks them)
-        left = [p.name for p in (tmp_path / f"run-temp-{index}").iterdir()
-                if not p.name.startswith("__autograph_generated_file")]
-        assert not left, (index, left)
-    return texts
+        argv = ["-c", WORKER, tmp_path / f"worker-{index}", tsv,
+                json.dumps(_command(tmp_path, tsv, index))]
+        procs.append(_start(tmp_path, "run", argv, index, ports))
+    deadline = time.monotonic() + DEADLINE_S
+    while procs[0].poll() is None and procs[1].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if procs[0].poll() is None:  # past the deadline, or the other worker ended first: failed
+        report = _finish(tmp_path, "run", procs, time.monotonic())
+        pytest.fail("the chief did not end first\n" + report)
+    killed_at = time.monotonic()
+    report = _finish(tmp_path, "run", procs, killed_at + KILL_WITHIN_S, stop_on_failure=False)
+    return procs, time.monotonic() - killed_at, report
 
 
 @pytest.mark.slow
-def test_two_workers_train_nmt_and_detr_in_sync_and_only_the_chief_writes(tmp_path):
-    chief_log, other_log = _run_workers(tmp_path)
+def test_two_workers_in_sync_only_the_chief_writes_a_killed_chief_ends_both_and_resumes(
+        tmp_path):
+    tsv = _pairs(tmp_path)
+    procs, waited, report = _run_phase_1(tmp_path, tsv)
+    chief_log, other_log = (_read(tmp_path, "run", i, "out") + _read(tmp_path, "run", i, "err")
+                            for i in range(2))
+    for log in (chief_log, other_log):
+        assert "RUNS DONE" in log and "TEMP LEFT []" in log, report
+
+    # The runs: the same weights on both workers, only the chief writes.
     chief, other = tmp_path / "worker-0", tmp_path / "worker-1"
     for name in ("nmt", "detr"):
         with np.load(chief / f"{name}.npz") as a, np.load(other / f"{name}.npz") as b:
@@ -178,41 +207,23 @@ def test_two_workers_train_nmt_and_detr_in_sync_and_only_the_chief_writes(tmp_pa
     assert "RERUN {}" in other_log and "RERUN {'bleu'" in chief_log
     assert "2 replica(s)" in chief_log  # DETR's model line: the global batch is split in two
 
-
-KILL_WITHIN_S = 60
-
-
-@pytest.mark.slow
-def test_a_killed_chief_ends_the_other_worker_and_the_same_command_resumes_both(tmp_path):
-    tsv = _pairs(tmp_path)
-    command = lambda index: [  # noqa: E731  train_nmt.py as each worker's user types it
-        ROOT + "/scripts/train_nmt.py", "--data", f"tsv:{tsv}", "--preset", "tiny",
-        "--workdir", tmp_path / f"work-{index}", "--strategy", "multi_worker", "--epochs", 2,
-        "--vocab-size", 120, "--batch-tokens", 400, "--beam", 1, "--valid-fraction", 0.1]
-    ports = _free_ports(2)
-    # The chief SIGKILLs itself just before epoch 2's first step (the testing hook).
-    procs = [_start(tmp_path, "killed", command(0), 0, ports, fault="epoch:2"),
-             _start(tmp_path, "killed", command(1), 1, ports)]
-    deadline = time.monotonic() + DEADLINE_S
-    while procs[0].poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    killed_at = time.monotonic()
-    report = _finish(tmp_path, "killed", procs, killed_at + KILL_WITHIN_S,
-                     stop_on_failure=False)
-    waited = time.monotonic() - killed_at
+    # The command: the chief killed itself, the other worker ended with one error line.
     assert procs[0].returncode == -signal.SIGKILL, report
     assert procs[1].returncode not in (0, -signal.SIGKILL) and waited < KILL_WITHIN_S, report
-    err = _read(tmp_path, "killed", 1, "err")
+    err = _read(tmp_path, "run", 1, "err")
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "the chief (worker 0 at 127.0.0.1:" in errors[0], report
     assert "Traceback" not in err, report
     assert json.loads((tmp_path / "work-0" / "backup" / "training_metadata.json").read_text(
         ))["epoch"] == 1
 
-    # The same command on both: the chief resumes from its backup (epoch 2 of 2), the other
-    # worker from the chief's state; a disagreement would leave one waiting for the other.
+    # Phase 2, the same command on both (scripts/train_nmt.py): the chief resumes from its
+    # backup (epoch 2 of 2), the other worker from the chief's state; a disagreement would
+    # leave one waiting for the other.
     ports = _free_ports(2)
-    procs = [_start(tmp_path, "resumed", command(i), i, ports) for i in range(2)]
+    procs = [_start(tmp_path, "resumed", [ROOT + "/scripts/train_nmt.py",
+                                          *_command(tmp_path, tsv, i)], i, ports)
+             for i in range(2)]
     report = _finish(tmp_path, "resumed", procs, time.monotonic() + DEADLINE_S)
     assert [p.returncode for p in procs] == [0, 0], report
     metrics = json.loads((tmp_path / "work-0" / "metrics.json").read_text())

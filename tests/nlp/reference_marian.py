@@ -1,7 +1,8 @@
 """An OPUS-MT-style MarianMTModel of random weights, saved as the Hub has it, and its outputs.
 
 ``python reference_marian.py FOLDER --config shared|separate`` writes into FOLDER what a
-Helsinki-NLP/opus-mt-* folder holds: source.spm and target.spm (SentencePiece unigram models trained
+Helsinki-NLP/opus-mt-* folder holds (``FOLDER1 FOLDER2 --config shared --config separate``: both,
+in one process): source.spm and target.spm (SentencePiece unigram models trained
 here on generated English-/German-like text; default ids unk 0, <s> 1, </s> 2, no pad; nmt_nfkc;
 character_coverage 0.995, so rare characters are unknown), vocab.json ("</s>" 0, "<unk>" 1, the
 pieces in a shuffled order, "<pad>" last; 5 pieces of each spm model left out on purpose, so they
@@ -420,8 +421,14 @@ def main(folder: str, config: str) -> None:
 
 
 if __name__ == "__main__":
+    # Several folders, one --config each (in order), are written by one process: torch and
+    # transformers are imported once. Each config's numbers are those of a process of its own.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder")
-    parser.add_argument("--config", choices=("shared", "separate"), required=True)
+    parser.add_argument("folder", nargs="+")
+    parser.add_argument("--config", choices=("shared", "separate"), required=True,
+                        action="append")
     args = parser.parse_args()
-    main(args.folder, args.config)
+    if len(args.folder) != len(args.config):
+        parser.error("give one --config per FOLDER")
+    for folder, config in zip(args.folder, args.config):
+        main(folder, config)

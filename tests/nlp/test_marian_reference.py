@@ -36,26 +36,32 @@ _REFERENCE = os.path.join(os.path.dirname(__file__), "reference_marian.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+CONFIGS = ("shared", "separate")
+
+
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    """``reference(config)``: (folder, expected arrays, expected json), each config run once."""
+    """``reference(config)``: (folder, expected arrays, expected json); both configs are
+    written by one run of reference_marian.py (one import of torch and transformers)."""
     made = {}
 
     def reference(config):
-        if config not in made:
-            folder = tmp_path_factory.mktemp(f"opus-mt-{config}")
+        if not made:
+            folders = [tmp_path_factory.mktemp(f"opus-mt-{name}") for name in CONFIGS]
             # transformers runs in its own process: its modeling code crashes a process that
             # has TensorFlow loaded.
-            subprocess.run([sys.executable, _REFERENCE, str(folder), "--config", config],
+            subprocess.run([sys.executable, _REFERENCE, *map(str, folders),
+                            *[arg for name in CONFIGS for arg in ("--config", name)]],
                            check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-            made[config] = (folder, dict(np.load(folder / "expected.npz")),
-                            json.loads((folder / "expected.json").read_text()))
+            for name, folder in zip(CONFIGS, folders):
+                made[name] = (folder, dict(np.load(folder / "expected.npz")),
+                              json.loads((folder / "expected.json").read_text()))
         return made[config]
 
     return reference
 
 
-@pytest.fixture(scope="module", params=["shared", "separate"])
+@pytest.fixture(scope="module", params=CONFIGS)
 def converted(request, references):
     """(expected arrays, expected json, model, tokenizer, decoding) of each config."""
     folder, arrays, expected = references(request.param)
@@ -106,7 +112,44 @@ def test_beam_search_and_greedy_equal_transformers_generate_token_for_token(conv
     assert len({len(row) for row in expected["generate_batch"]}) >= 3
 
 
-def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported):
+# A fresh process, as users run the converter's outputs: first the export with only TensorFlow
+# and TF-Text (no module of this project imported), then what a Keras user does with
+# model.keras: `import nlp`, then load it. One process for both (one TensorFlow start).
+_OUTSIDE = """
+import json, sys, numpy as np, tensorflow as tf, tensorflow_text
+export, model_file, inputs, logits, sentences = sys.argv[1:5] + [json.loads(sys.argv[5])]
+t = tf.saved_model.load(export)
+out = t.signatures['serving_default'](text=tf.constant(sentences))
+mods = [m for m in sys.modules if m.split('.')[0] in ('nlp', 'tfx_transformer')]
+translations = [s.decode() for s in out['translation'].numpy()]
+import nlp, keras
+model = keras.saving.load_model(model_file)
+inputs = np.load(inputs)
+memory, mask = model.encode(inputs['source'])
+np.save(logits, keras.ops.convert_to_numpy(model.decode(inputs['target'], memory, mask)))
+print(json.dumps([translations, mods]))
+"""
+
+
+@pytest.fixture(scope="module")
+def outside(exported, references, tmp_path_factory):
+    """What `_OUTSIDE` got from the converted folder: (translations of the reference
+    sentences, modules of this project loaded by then, model.keras's logits of the reference
+    inputs)."""
+    expected, out = exported
+    _, arrays, _ = references("separate")
+    tmp = tmp_path_factory.mktemp("outside")
+    np.savez(tmp / "inputs.npz", source=arrays["input_ids"],
+             target=arrays["decoder_input_ids"])
+    done = subprocess.run([sys.executable, "-c", _OUTSIDE, str(out / "export"),
+                           str(out / "model.keras"), str(tmp / "inputs.npz"),
+                           str(tmp / "logits.npy"), json.dumps(expected["sentences"])],
+                          capture_output=True, text=True, cwd=tmp, check=True)
+    translations, mods = json.loads(done.stdout.strip().splitlines()[-1])
+    return translations, mods, np.load(tmp / "logits.npy")
+
+
+def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported, outside):
     # The export decodes each sentence at most its source length + extra_length tokens, as
     # transformers' generate does with max_new_tokens set so, sentence by sentence.
     expected, out = exported
@@ -120,33 +163,15 @@ def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported):
     assert expected["extra_length"] == DecodingSettings().extra_length
     assert got == texts
     # A process with only TensorFlow and TF-Text (no module of this project) runs it too.
-    code = ("import json, sys, tensorflow as tf, tensorflow_text\n"
-            f"t = tf.saved_model.load({str(out / 'export')!r})\n"
-            f"out = t.signatures['serving_default'](text=tf.constant({expected['sentences']!r}))"
-            "\nmods = [m for m in sys.modules if m.split('.')[0] in ('nlp', 'tfx_transformer')]"
-            "\nprint(json.dumps([[s.decode() for s in out['translation'].numpy()], mods]))")
-    bare = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=out, check=True)
-    assert json.loads(bare.stdout.strip().splitlines()[-1]) == [texts, []]
+    translations, mods, _ = outside
+    assert (translations, mods) == (texts, [])
 
 
 def test_the_converted_model_keras_loads_after_import_nlp_with_the_references_logits(
-        exported, references, tmp_path):
+        outside, references):
     # What a Keras user does with the converter's model.keras: `import nlp`, then load it.
-    _, out = exported
     _, arrays, _ = references("separate")
-    np.savez(tmp_path / "inputs.npz", source=arrays["input_ids"],
-             target=arrays["decoder_input_ids"])
-    code = ("import sys, numpy as np, nlp, keras\n"
-            "model = keras.saving.load_model(sys.argv[1])\n"
-            "inputs = np.load(sys.argv[2])\n"
-            "memory, mask = model.encode(inputs['source'])\n"
-            "np.save(sys.argv[3], keras.ops.convert_to_numpy(model.decode(inputs['target'], "
-            "memory, mask)))")
-    subprocess.run([sys.executable, "-c", code, str(out / "model.keras"),
-                    str(tmp_path / "inputs.npz"), str(tmp_path / "logits.npy")], check=True,
-                   capture_output=True)
-    np.testing.assert_allclose(np.load(tmp_path / "logits.npy"), arrays["logits"], atol=1e-4)
+    np.testing.assert_allclose(outside[2], arrays["logits"], atol=1e-4)
 
 
 def test_source_tokenization_equals_marian_tokenizer(converted):

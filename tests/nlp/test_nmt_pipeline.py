@@ -169,7 +169,9 @@ def test_translations_of_empty_and_very_long_sentences(tiny_translator):
     # One at a time: a batch decodes up to its longest source + extra_length for every row.
     out = [translate(tf.constant([text])).numpy()[0].decode() for text in TEXTS]
 
-    run_search = tf.function(lambda source: search(model, source, decoding))
+    # One trace for every source length (a beam search traced per length costs seconds).
+    run_search = tf.function(lambda source: search(model, source, decoding),
+                             input_signature=[tf.TensorSpec([1, None], tf.int32)])
 
     def decode(ids):  # the search on token ids, without the translate function
         source = tf.constant([[*ids, tokenizer.eos_id]], tf.int32)
