@@ -30,7 +30,6 @@ import os
 import numpy as np
 
 from nlp.decoding import DecodingSettings
-from nlp.marian_tokenizer import MARIAN_FILES, MarianTokenizer
 from nlp.model import Seq2SeqTransformer
 
 __all__ = ["ACTIVATIONS", "marian_settings", "read_marian", "read_weights", "set_weights"]
@@ -89,6 +88,8 @@ def _check_folder(folder: str) -> None:
         found = sorted(n for n in names if n.endswith(".bpe") or n.startswith("bpe"))
         raise ValueError(f"{folder}: a BPE model ({', '.join(found)}), not SentencePiece; "
                          "only OPUS-MT models with source.spm and target.spm convert")
+    from nlp.marian_tokenizer import MARIAN_FILES  # TensorFlow: only once a folder is read
+
     for name in ("config.json", *MARIAN_FILES):
         if name not in names:
             raise ValueError(f"{folder}: no {name} (an OPUS-MT folder has config.json, "
@@ -306,6 +307,8 @@ def read_marian(folder: str | os.PathLike, log=print):
     generation = _read_json(generation_path) if os.path.isfile(generation_path) else {}
     generation = {k: v for k, v in generation.items() if k != "transformers_version"}
     kwargs, decoding = marian_settings(config, generation)
+    from nlp.marian_tokenizer import MarianTokenizer
+
     tokenizer = MarianTokenizer.from_directory(folder)
     for side, ours, theirs in (("source", tokenizer.vocab_size, kwargs["vocab_size"]),
                                ("target", tokenizer.target_vocab_size,

@@ -22,13 +22,15 @@ from __future__ import annotations
 import dataclasses
 
 from tfx_transformer import checks
-from vision.data.batching import AUGMENTATIONS
 from vision.matching.assignment import SOLVERS
 from vision.modeling.backbone import BACKBONES, TINY_NORMS
 from vision.modeling.queries import query_layer_class
 from vision.modeling.refinement import make_box_decoding
 
-__all__ = ["DetrConfig", "PRESETS", "preset"]
+__all__ = ["AUGMENTATIONS", "DetrConfig", "PRESETS", "preset"]
+
+# The training images' augmentations (`vision.data.batching.make_batches`).
+AUGMENTATIONS = ("detr", "flip", "none")
 
 # The `DETR` constructor arguments that come from the config (`model_kwargs`).
 _MODEL_FIELDS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_layers",

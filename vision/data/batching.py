@@ -32,6 +32,7 @@ import keras
 import tensorflow as tf
 
 from tfx_transformer import checks
+from vision.config import AUGMENTATIONS
 from vision.data.augment import (
     DetrSizes,
     detr_train_transform,
@@ -41,9 +42,6 @@ from vision.data.augment import (
 )
 
 __all__ = ["AUGMENTATIONS", "ObjectLimit", "TooManyObjectsError", "make_batches"]
-
-AUGMENTATIONS = ("detr", "flip", "none")
-
 
 class TooManyObjectsError(ValueError):
     """An image has more objects than the model has queries (target slots).
