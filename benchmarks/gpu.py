@@ -24,10 +24,9 @@ table of ``nmt_engines.py`` and the NMT base and DETR r50 train steps.
 
 Each stage rewrites ``$OUT/gpu.json`` (default ``runs/gpu``); one that would end past
 ``--budget`` s (estimated by the stage it repeats) is skipped; ``--quick``: tiny sizes, for a
-CPU. ``nlp.marian`` and ``vision.config`` import a few names of modules that need TensorFlow
-(``nlp.marian_tokenizer``, ``vision.data.batching``); without it, those are stand-ins holding
-the names' literals, read from their source. On the GPU machine, with the wheels of keras
-3.15.1, namex, optree and absl-py in ``.whl/``:
+CPU. The train steps are in ``gpu_train.py``. On the GPU machine (no TensorFlow: what this
+imports of ``nlp`` and ``vision`` needs none), with the wheels of keras 3.15.1, namex, optree
+and absl-py in ``.whl/``:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax \\
@@ -37,9 +36,7 @@ the names' literals, read from their source. On the GPU machine, with the wheels
 from __future__ import annotations
 
 import argparse
-import ast
 import concurrent.futures
-import importlib
 import json
 import os
 import shutil
@@ -48,19 +45,13 @@ import sys
 import tempfile
 import time
 import traceback
-import types
 
 import numpy as np
 from gpu_torch import TorchWorker, cut, groups_of, make_sources  # this folder is on the path
+from gpu_train import matmul_peaks, train_stage
 from nmt_marian import ROOT, machine, read_result
 
 EXTRA = 50  # tokens past the source (ours: each sentence's; transformers: the batch's longest)
-# Matmul peaks: label -> (dtype, matmul precision); "default" float32 is TF32 on such GPUs.
-PEAKS = {"float32": ("float32", "highest"), "bfloat16": ("bfloat16", "default"),
-         "float32_default": ("float32", "default")}
-# Modules that need TensorFlow, and the names imported from them here (`import_without_tf`).
-STAND_INS = {"nlp.marian_tokenizer": ("MARIAN_FILES", "MarianTokenizer"),
-             "vision.data.batching": ("AUGMENTATIONS",)}
 FULL = dict(vocab=58101, real=8000, layers=6, d=512, heads=8, ffn=2048, calibration=8,
             sentences=512, median=20, batches=(32, 128), bucket=16, repeats=3,
             nmt=("base", 8000, 128, 32),  # preset, vocabulary, batch, length
@@ -72,129 +63,7 @@ QUICK = dict(vocab=1000, real=300, layers=2, d=64, heads=4, ffn=128, calibration
              peak_n=256)
 
 
-def import_without_tf(name: str, used: list):
-    """Imports ``name``; without TensorFlow, with a stand-in for each `STAND_INS` module:
-    the literals its source assigns to those names (None for any other name)."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name not in ("tensorflow", "tensorflow_text"):
-            raise
-    for module, names in STAND_INS.items():
-        if module in sys.modules:
-            continue
-        with open(os.path.join(ROOT, *module.split(".")) + ".py", encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-        values = {target.id: ast.literal_eval(node.value) for node in tree.body
-                  if isinstance(node, ast.Assign) for target in node.targets
-                  if isinstance(target, ast.Name) and target.id in names}
-        sys.modules[module] = types.ModuleType(module, "a stand-in of benchmarks/gpu.py")
-        sys.modules[module].__dict__.update({n: values.get(n) for n in names})
-        used.append(module)
-    return importlib.import_module(name)
-
-
-def matmul_peaks(n: int, repeats: int = 5, iters: int = 10) -> dict:
-    """FLOP/s of an n x n ``jnp.dot`` (``2 n^3``) per `PEAKS` entry, the median of repeats."""
-    import jax
-    import jax.numpy as jnp
-
-    pair, peaks = jax.random.normal(jax.random.PRNGKey(0), (2, n, n)), {}
-    for label, (dtype, precision) in PEAKS.items():
-        x, times = pair.astype(dtype), []
-        product = jax.jit(lambda x, p=precision: jnp.dot(x[0], x[1], precision=p))
-        product(x).block_until_ready()
-        for _ in range(repeats):
-            begin = time.perf_counter()
-            for _ in range(iters):
-                out = product(x)
-            out.block_until_ready()
-            times.append((time.perf_counter() - begin) / iters)
-        peaks[label] = 2.0 * n ** 3 / statistics.median(times)
-    return {"n": n, "flops_per_s": peaks}
-
-
-def train_setup(size, which: str, used: list):
-    """The compiled model, one batch and the items it holds (target tokens, images). NMT as
-    `nlp.train.compile_model`, DETR as `vision.training.train`, both of which need
-    TensorFlow."""
-    rng = np.random.default_rng(0)
-    if which == "nmt":
-        from nlp.config import preset
-        from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
-        from nlp.model import build_model
-        from tfx_transformer import NoamSchedule
-        from tfx_transformer.replicas import GlobalClipAdam
-
-        name, vocab, batch, length = size["nmt"]
-        config = preset(name, vocab_size=vocab)
-        model = build_model(config)
-        schedule = NoamSchedule(config.d_model, config.warmup_steps, config.lr_scale)
-        model.compile(
-            optimizer=GlobalClipAdam(schedule, beta_1=0.9, beta_2=0.98, epsilon=1e-9,
-                                     global_clipnorm=config.clip_norm),
-            loss=MaskedLabelSmoothedCrossEntropy(config.label_smoothing, pad_id=model.pad_id),
-            metrics=[MaskedAccuracy(pad_id=model.pad_id)], jit_compile=True)
-        source, target_in, target_out = rng.integers(4, vocab, (3, batch, length), "int32")
-        return model, {"source": source, "target_in": target_in}, target_out, batch * length
-
-    from vision.modeling.detr import build_criterion, build_model
-    from vision.modeling.optimizer import build_optimizer
-
-    name, batch, height, width, objects = size["detr"]
-    config = import_without_tf("vision.config", used).preset(name, matcher_solver="ops")
-    model, slots = build_model(config, 80), config.num_queries  # targets padded as its batches
-    model.compile(optimizer=build_optimizer(config, model),
-                  criterion=build_criterion(config, 80), jit_compile=True)
-    boxes = np.zeros((batch, slots, 4), "float32")  # (cx, cy, w, h)
-    boxes[:, :objects] = rng.uniform([0.2, 0.2, 0.05, 0.05], [0.8, 0.8, 0.4, 0.4],
-                                     (batch, objects, 4))
-    x = {"images": rng.normal(size=(batch, height, width, 3)).astype("float32"),
-         "mask": np.ones((batch, height, width), bool)}
-    y = {"labels": rng.integers(0, 80, (batch, slots)).astype("int32"), "boxes": boxes,
-         "valid": np.arange(slots)[None].repeat(batch, 0) < objects}
-    return model, x, y, batch
-
-
-def train_stage(args, size, which: str, policy: str, peaks: dict, used: list, wait) -> dict:
-    import jax
-    import keras
-
-    keras.config.set_dtype_policy(policy)
-    keras.utils.set_random_seed(0)
-    precision = "default" if policy == "mixed_bfloat16" else args.precision
-    times, losses = [], []
-    with jax.default_matmul_precision(precision):  # traced under it
-        model, x, y, items = train_setup(size, which, used)
-        x, y = jax.device_put((x, y))
-        for step in range(size["warmup"] + size["steps"]):
-            if step == 1:
-                wait()  # the torch worker builds its model while the first step compiles
-            begin = time.perf_counter()
-            losses.append(float(model.train_on_batch(x, y, return_dict=True)["loss"]))
-            times.append(time.perf_counter() - begin)
-        state = tuple([v.value for v in variables] for variables in (  # of Keras's train_step
-            model.trainable_variables, model.non_trainable_variables,
-            model.optimizer.variables, model.metrics_variables))
-        lowered = jax.jit(model.train_step).lower(state, (x, y, None))
-        cost = lowered.cost_analysis()  # None on some GPU backends: ask the compiled step
-        cost = cost if cost is not None else lowered.compile().cost_analysis()
-    keras.config.set_dtype_policy("float32")
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost["flops"]) if cost and "flops" in cost else None
-    seconds = statistics.median(times[size["warmup"]:])
-    peak = peaks.get("bfloat16" if policy == "mixed_bfloat16" else
-                     "float32" if precision == "highest" else "float32_default")
-    return {"policy": policy, "matmul_precision": precision,
-            "batch": {k: list(v.shape) for k, v in x.items()},
-            "parameters": model.count_params(), "first_step_s": times[0], "step_s": seconds,
-            "steps_per_s": 1 / seconds,
-            ("target_tokens" if which == "nmt" else "images") + "_per_s": items / seconds,
-            "losses": [losses[0], losses[-1]], "step_flops": flops,
-            "mfu": flops / seconds / peak if peak and flops else None}
-
-
-def marian_model(folder: str, used: list):
+def marian_model(folder: str):
     """`nlp.marian.read_marian` less the tokenizer, and the beam-search arguments."""
     from nlp.model import Seq2SeqTransformer
 
@@ -202,7 +71,8 @@ def marian_model(folder: str, used: list):
         with open(os.path.join(folder, name), encoding="utf-8") as f:
             return {k: v for k, v in json.load(f).items() if k != "transformers_version"}
 
-    marian = import_without_tf("nlp.marian", used)
+    import nlp.marian as marian
+
     kwargs, decoding = marian.marian_settings(read("config.json"), read("generation_config.json"))
     model = Seq2SeqTransformer(**kwargs, source_pad_id=kwargs["pad_id"])  # one vocabulary
     marian.set_weights(model, marian.read_weights(folder))
@@ -210,13 +80,13 @@ def marian_model(folder: str, used: list):
                        convention=decoding.convention, renormalize=decoding.renormalize)
 
 
-def decode_stage(args, size, worker, batch: int, cache: dict, used: list) -> dict:
+def decode_stage(args, size, worker, batch: int, cache: dict) -> dict:
     import jax
 
     from nlp.decoding import compile_search
 
     if "model" not in cache:
-        cache["model"] = marian_model(os.path.join(cache["workdir"], "opus"), used)
+        cache["model"] = marian_model(os.path.join(cache["workdir"], "opus"))
     (model, beam), sources, bucket = cache["model"], cache["sources"], size["bucket"]
     groups, arrays = groups_of(sources, batch), []
     for group in groups:  # (B, S) ids, S the longest source rounded up to the bucket
@@ -275,7 +145,7 @@ def main(args) -> None:
     import keras
 
     assert keras.backend.backend() == "jax", "run with KERAS_BACKEND=jax"
-    started, size, used = time.time(), QUICK if args.quick else FULL, []
+    started, size = time.time(), QUICK if args.quick else FULL
     out_dir = os.environ.get("OUT") or os.path.join(ROOT, "runs", "gpu")
     os.makedirs(out_dir, exist_ok=True)
     report = {"machine": machine(), "jax_device": jax.devices()[0].device_kind,
@@ -295,10 +165,10 @@ def main(args) -> None:
                 report["torch_worker"] = {"error": str(error)}
 
     def train(which, policy):
-        return lambda: train_stage(args, size, which, policy, peaks, used, wait)
+        return lambda: train_stage(args, size, which, policy, peaks, wait)
 
     def decode(batch):
-        return lambda: wait() or decode_stage(args, size, worker, batch, cache, used)
+        return lambda: wait() or decode_stage(args, size, worker, batch, cache)
 
     small, large = size["batches"]
     plan = [  # name, stage, the stage whose time estimates its time
@@ -326,7 +196,7 @@ def main(args) -> None:
         if worker is None:  # after the peak: the torch worker builds its model
             peaks.update(stages[name].get("flops_per_s", {}))
             worker = TorchWorker(cache["workdir"])
-        report.update(stand_ins=used, seconds=round(time.time() - started, 1),
+        report.update(seconds=round(time.time() - started, 1),
                       tensorflow_imported=sys.modules.get("tensorflow") is not None,
                       torch_imported=sys.modules.get("torch") is not None)
         with open(os.path.join(out_dir, "gpu.json"), "w") as f:
