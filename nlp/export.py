@@ -30,7 +30,6 @@ import json
 import os
 from collections.abc import Callable
 
-import keras
 import tensorflow as tf
 
 from nlp.decoding import DecodingSettings, search
@@ -46,6 +45,7 @@ from nlp.serving import (
     SERVING,
 )
 from nlp.tokenizer import Tokenizer
+from tfx_transformer.saved_model import write_saved_model
 from tfx_transformer.training.workdir import write_export_dir
 
 __all__ = ["SOURCE_LENGTH_MULTIPLE", "export_translator", "make_translate_fn"]
@@ -178,19 +178,16 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
     _check_decoding(decoding)
 
     def write(directory):
-        archive = keras.export.ExportArchive()
-        archive.track(model)
-        for table in tokenizer.tables:  # the vocabulary lookups of a Marian tokenizer
-            archive.track(table)
         text_spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
-        for name, settings in ((SERVING, decoding), (GREEDY, decoding.greedy())):
-            translate = make_translate_fn(model, tokenizer, settings, jit_compile=jit_compile)
-            archive.add_endpoint(name=name, fn=_serving(translate), input_signature=text_spec)
+        endpoints = [
+            (name, _serving(make_translate_fn(model, tokenizer, settings,
+                                              jit_compile=jit_compile)), text_spec)
+            for name, settings in ((SERVING, decoding), (GREEDY, decoding.greedy()))]
         translate_nbest = make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile,
                                             nbest=True)
-        archive.add_endpoint(name=NBEST, fn=_serving_nbest(translate_nbest),
-                             input_signature=text_spec)
-        archive.write_out(directory, verbose=False)
+        endpoints.append((NBEST, _serving_nbest(translate_nbest), text_spec))
+        # The vocabulary lookups of a Marian tokenizer are resources the model does not hold.
+        write_saved_model(directory, model, endpoints, resources=tokenizer.tables)
         with open(os.path.join(directory, INFO_FILE), "w", encoding="utf-8") as f:
             json.dump(_info(decoding, tokenizer), f, indent=2)
 

@@ -110,13 +110,11 @@ class DetectorConverter:
         """A SavedModel of `function` at the fixed batch: the LiteRT converter freezes its
         variables (converting the traced function directly leaves some unread)."""
         if self._saved is None:
-            import keras
+            from tfx_transformer.saved_model import write_saved_model
 
             self._saved = tempfile.mkdtemp(prefix="tfx-litert-")
-            archive = keras.export.ExportArchive()
-            archive.track(self.model)
-            archive.add_endpoint(name="serving_default", fn=self.function(self.batch_size))
-            archive.write_out(self._saved, verbose=False)
+            write_saved_model(self._saved, self.model,
+                              [("serving_default", self.function(self.batch_size), None)])
         return self._saved
 
     def litert(self, precision: str, calibration: list[dict] | None = None) -> bytes:

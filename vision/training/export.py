@@ -26,9 +26,9 @@ import json
 import os
 from collections.abc import Callable, Sequence
 
-import keras
 import tensorflow as tf
 
+from tfx_transformer.saved_model import write_saved_model
 from tfx_transformer.training.workdir import write_export_dir
 from vision.data.augment import normalize_image, resized_shape
 from vision.data.decode import decode_image
@@ -191,15 +191,11 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
                          f"Received: {len(class_names)} names")
 
     def write(directory):
-        archive = keras.export.ExportArchive()
-        archive.track(model)
         forward = _forward(model)
-        for name, from_bytes in ((SERVING, False), (BYTES_SIGNATURE, True)):
-            archive.add_endpoint(
-                name=name, fn=_serving(model, image_size, max_size, from_bytes, forward),
-                input_signature=[BYTES_SPEC if from_bytes else IMAGES_SPEC],
-            )
-        archive.write_out(directory, verbose=False)
+        write_saved_model(directory, model, [
+            (name, _serving(model, image_size, max_size, from_bytes, forward),
+             [BYTES_SPEC if from_bytes else IMAGES_SPEC])
+            for name, from_bytes in ((SERVING, False), (BYTES_SIGNATURE, True))])
         with open(os.path.join(directory, CLASSES_FILE), "w", encoding="utf-8") as f:
             json.dump({"class_names": list(class_names),
                        "category_ids": None if category_ids is None else list(category_ids)},
