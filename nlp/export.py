@@ -179,10 +179,11 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
 
     def write(directory):
         text_spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
-        endpoints = [
-            (name, _serving(make_translate_fn(model, tokenizer, settings,
-                                              jit_compile=jit_compile)), text_spec)
-            for name, settings in ((SERVING, decoding), (GREEDY, decoding.greedy()))]
+        serve = _serving(make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile))
+        # With a beam of one, the two signatures are one function, traced once.
+        greedy = serve if decoding.beam_size == 1 else _serving(
+            make_translate_fn(model, tokenizer, decoding.greedy(), jit_compile=jit_compile))
+        endpoints = [(SERVING, serve, text_spec), (GREEDY, greedy, text_spec)]
         translate_nbest = make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile,
                                             nbest=True)
         endpoints.append((NBEST, _serving_nbest(translate_nbest), text_spec))

@@ -29,7 +29,7 @@ def write_saved_model(directory: str | os.PathLike, model,
         endpoints: ``(name, fn, input_signature)`` each; ``fn`` is traced with
             ``input_signature`` (a list of ``tf.TensorSpec``; None: ``fn`` is a `tf.function`
             that has one) and saved as the function and the signature ``name``; the first one
-            is ``serving_default`` too.
+            is ``serving_default`` too. The same ``fn`` under several names is traced once.
         resources: TensorFlow resources the endpoints use that the model does not hold
             (lookup tables).
     """
@@ -45,10 +45,12 @@ def write_saved_model(directory: str | os.PathLike, model,
     # converter freezes only these).
     root.tf_variables = [v.value for v in model.variables]
     root.resources = list(resources)
-    signatures = {}
+    signatures, functions = {}, {}
     for name, fn, input_signature in endpoints:
-        function = fn if input_signature is None else tf.function(
-            fn, input_signature=list(input_signature), autograph=False)
+        if id(fn) not in functions:  # an endpoint under two names is traced once
+            functions[id(fn)] = fn if input_signature is None else tf.function(
+                fn, input_signature=list(input_signature), autograph=False)
+        function = functions[id(fn)]
         setattr(root, name, function)
         signatures[name] = function
     signatures.setdefault("serving_default", signatures[endpoints[0][0]])

@@ -23,16 +23,17 @@ def test_each_endpoint_is_traced_once_and_loads_as_the_model_computes(tmp_path):
 
     specs = [tf.TensorSpec([None, 3], tf.float32, name="x"),
              tf.TensorSpec([None], tf.string, name="key")]
-    write_saved_model(tmp_path, model, [("scaled", scaled, specs),
-                                        ("plain", plain, specs[:1])], resources=[table])
+    write_saved_model(tmp_path, model, [("scaled", scaled, specs), ("plain", plain, specs[:1]),
+                                        ("also_plain", plain, specs[:1])], resources=[table])
     assert sorted(traces) == ["plain", "scaled"]  # keras' ExportArchive traces each twice
 
     loaded = tf.saved_model.load(str(tmp_path))
-    assert sorted(loaded.signatures) == ["plain", "scaled", "serving_default"]
+    assert sorted(loaded.signatures) == ["also_plain", "plain", "scaled", "serving_default"]
     x = np.random.default_rng(0).normal(size=(4, 3)).astype("float32")
     expected = model(x, training=False).numpy()
     keys = tf.constant(["a", "b", "c", "a"])
     np.testing.assert_allclose(loaded.signatures["serving_default"](x=x, key=keys)["y"],
                                expected * np.array([1, 2, 0, 1.0])[:, None], rtol=1e-6)
     np.testing.assert_allclose(loaded.plain(x)["y"], expected, rtol=1e-6)
+    np.testing.assert_allclose(loaded.signatures["also_plain"](x=x)["y"], expected, rtol=1e-6)
     assert len(loaded.variables) == len(model.variables) == 6
