@@ -23,7 +23,7 @@ quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lin
 
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
 from vision.data.sources import evaluation_split, load_source  # noqa: E402
-from vision.serving import load_detector  # noqa: E402
+from vision.serving import load_detector, read_classes  # noqa: E402
 from vision.training.evaluate import evaluate_records, match_labels  # noqa: E402
 
 
@@ -49,14 +49,15 @@ def command(argv=None) -> int:
     args = parser.parse_args(argv)
     if not 0.0 <= args.threshold < 1.0:
         parser.error(f"--threshold must be in [0, 1), got {args.threshold}")
-    detector = load_detector(args.model)
+    class_names, category_ids = read_classes(args.model)  # a mismatch ends before the load
     source = load_source(args.data, seed=args.seed, skip_bad_images=args.skip_bad_images,
                          log=lambda *line: print(*line, file=sys.stderr))
     try:
-        label_map = match_labels(detector.class_names, detector.category_ids,
-                                 source.class_names, source.category_ids)
+        label_map = match_labels(class_names, category_ids, source.class_names,
+                                 source.category_ids)
     except ValueError as error:
         raise ValueError(f"--model {args.model} and --data {args.data}: {error}") from None
+    detector = load_detector(args.model)
     split = evaluation_split(args.data)
     scores = evaluate_records(detector, source.records(split), args.batch_size,
                               limit=args.limit, num_classes=source.num_classes,
