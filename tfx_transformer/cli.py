@@ -77,7 +77,7 @@ RUN_FLAGS: dict[str, tuple[str, dict]] = {
     "mixed_precision": ("--mixed-precision", dict(
         choices=tuple(MIXED_PRECISION),
         help="auto: bfloat16 where it is fast (a GPU of compute capability >= 8, a CPU with "
-             "AMX or AVX512-BF16), else none (float32)")),
+             "AMX), else none (float32)")),
     "seed": ("--seed", dict(type=int)),
     "valid_fraction": ("--valid-fraction", dict(
         type=float, help="held-out share of a file source (tsv:, coco:)")),

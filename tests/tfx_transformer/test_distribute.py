@@ -378,17 +378,13 @@ def test_auto_precision_picks_bfloat16_only_where_it_is_fast():
     from tfx_transformer.training.distribute import fast_bfloat16, resolve_mixed_precision
 
     amx, avx = {"avx512f", "amx_tile", "amx_bf16"}, {"avx512f", "avx512_bf16"}
-    plain = {"avx512f", "avx2"}
     assert fast_bfloat16(cpu_flags=amx, gpus=[]) == "CPU amx_bf16"
-    assert fast_bfloat16(cpu_flags=avx, gpus=[], onednn=True) == "CPU avx512_bf16 with oneDNN"
-    assert fast_bfloat16(cpu_flags=avx, gpus=[], onednn=False) is None  # generic kernels
-    assert fast_bfloat16(cpu_flags=plain, gpus=[], onednn=True) is None
+    assert fast_bfloat16(cpu_flags=avx, gpus=[]) is None
     hopper, turing = {"compute_capability": (9, 0)}, {"compute_capability": (7, 5)}
     assert fast_bfloat16(cpu_flags=avx, gpus=[hopper]) == "GPU compute capability 9.0"
     assert fast_bfloat16(cpu_flags=amx, gpus=[turing]) is None  # the GPU computes
     assert resolve_mixed_precision("auto", cpu_flags=amx, gpus=[]) == "bfloat16"
-    assert resolve_mixed_precision("auto", cpu_flags=avx, gpus=[], onednn=True) == "bfloat16"
-    assert resolve_mixed_precision("auto", cpu_flags=plain, gpus=[]) == "none"
+    assert resolve_mixed_precision("auto", cpu_flags=avx, gpus=[]) == "none"
     assert resolve_mixed_precision("float16", cpu_flags=avx, gpus=[]) == "float16"
     with pytest.raises(ValueError, match="mixed-precision"):
         resolve_mixed_precision("bf16")

@@ -6,13 +6,10 @@ needs of replicas is below it, in `tfx_transformer.replicas`.
 
 The dtype policy (``--mixed-precision``): ``auto`` picks ``bfloat16`` where the hardware
 computes it fast, else ``none`` (float32): a GPU of compute capability 8.0 or newer (Ampere,
-Hopper: bf16 tensor cores), a CPU with AMX tiles for bf16 (``amx_bf16`` in
-``/proc/cpuinfo``), or a CPU with AVX512-BF16 (``avx512_bf16``) while TensorFlow's oneDNN
-kernels are on (``TF_ENABLE_ONEDNN_OPTS`` not ``0``; the training commands ask for them on
-x86-64). There the tiny presets' bf16 train steps measured 0.79 (DETR) and 0.81 (NMT) of
-float32's time, and an 8-minute run made about a quarter more steps with better held-out
-scores (``benchmarks/precision.py``, ``benchmarks/budget.py``). Without oneDNN, bf16 runs in
-slow generic kernels, so ``auto`` keeps float32.
+Hopper: bf16 tensor cores), or a CPU with AMX tiles for bf16 (``amx_bf16`` in
+``/proc/cpuinfo``). A CPU with AVX512-BF16 alone only converts and dots pairs of bf16 values;
+on it a bf16 train step of our models measured slower than float32
+(``benchmarks/precision.py``), so ``auto`` keeps float32 there.
 """
 
 from __future__ import annotations
@@ -192,17 +189,13 @@ def _cpu_flags(path: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
-def fast_bfloat16(cpu_flags: set[str] | None = None, gpus: list[dict] | None = None,
-                  onednn: bool | None = None) -> str | None:
-    """Why bf16 is fast here (``"GPU compute capability 9.0"``, ``"CPU amx_bf16"``,
-    ``"CPU avx512_bf16 with oneDNN"``), or None.
+def fast_bfloat16(cpu_flags: set[str] | None = None, gpus: list[dict] | None = None) -> str | None:
+    """Why bf16 is fast here (``"GPU compute capability 9.0"``, ``"CPU amx_bf16"``), or None.
 
     Args:
         cpu_flags: the CPU's flags (default: read from ``/proc/cpuinfo``).
         gpus: device details of the visible GPUs, each with ``compute_capability`` as a
             ``(major, minor)`` pair (default: asked of TensorFlow, when it is loaded).
-        onednn: whether TensorFlow's oneDNN kernels are on (default: unless
-            ``TF_ENABLE_ONEDNN_OPTS`` is ``0``).
     """
     if gpus is None:
         gpus = []
@@ -218,11 +211,7 @@ def fast_bfloat16(cpu_flags: set[str] | None = None, gpus: list[dict] | None = N
     if gpus:
         return None  # the GPU computes; an older one has no bf16 tensor cores
     flags = _cpu_flags() if cpu_flags is None else cpu_flags
-    if onednn is None:
-        onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1").strip() != "0"
-    if "amx_bf16" in flags:
-        return "CPU amx_bf16"
-    return "CPU avx512_bf16 with oneDNN" if "avx512_bf16" in flags and onednn else None
+    return "CPU amx_bf16" if "amx_bf16" in flags else None
 
 
 def resolve_mixed_precision(name: str, **detect) -> str:
