@@ -27,7 +27,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
-from keras.src.callbacks.callback_list import CallbackList  # noqa: E402
+
+CallbackList = keras.callbacks.CallbackList
 
 from tfx_transformer.training.run import RunOptions  # noqa: E402
 
@@ -43,19 +44,13 @@ def _time_each_callback(name: str) -> None:
     def timed(self, *args, **kwargs):
         callbacks = self.callbacks
         try:
-            self.callbacks = []
-            original(self, *args, **kwargs)  # Keras's own work: logs to Python, futures
+            for callback in callbacks:  # Keras's own call (logs to Python), one callback each
+                self.callbacks = [callback]
+                start = time.perf_counter()
+                original(self, *args, **kwargs)
+                _spent[f"{type(callback).__name__}.{name}"] += time.perf_counter() - start
         finally:
             self.callbacks = callbacks
-        from keras.src.utils import python_utils
-
-        epoch_method = name in ("on_epoch_begin", "on_epoch_end")
-        head, rest = (args[:1], args[1:]) if epoch_method else ((), args)
-        logs = python_utils.pythonify_logs(kwargs.get("logs", rest[0] if rest else None))
-        for callback in callbacks:
-            start = time.perf_counter()
-            getattr(callback, name)(*head, logs=logs)
-            _spent[f"{type(callback).__name__}.{name}"] += time.perf_counter() - start
 
     setattr(CallbackList, name, timed)
 
