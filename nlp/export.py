@@ -181,7 +181,7 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
         text_spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
         serve = _serving(make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile))
         # With a beam of one, the two signatures are one function, traced once.
-        greedy = serve if decoding.beam_size == 1 else _serving(
+        greedy = serve if decoding.greedy() == decoding else _serving(
             make_translate_fn(model, tokenizer, decoding.greedy(), jit_compile=jit_compile))
         endpoints = [(SERVING, serve, text_spec), (GREEDY, greedy, text_spec)]
         translate_nbest = make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile,

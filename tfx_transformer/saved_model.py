@@ -37,7 +37,7 @@ def write_saved_model(directory: str | os.PathLike, model,
         raise ValueError("The model must be built before it is saved")
     if not endpoints:
         raise ValueError("`endpoints` must name at least one function")
-    root = tf.__internal__.tracking.AutoTrackable()
+    root = tf.train.Checkpoint()  # a plain trackable that takes any attribute
     root.variables = list(model.variables)
     root.trainable_variables = list(model.trainable_variables)
     root.non_trainable_variables = list(model.non_trainable_variables)
