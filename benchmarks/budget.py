@@ -87,6 +87,17 @@ class StepClock(keras.callbacks.Callback):
         self.fit = time.perf_counter() - self.begin
 
 
+def application(app: str):
+    """``(preset, train)`` of ``app``: "detr" (`vision`) or "nmt" (`nlp`)."""
+    if app == "detr":
+        from vision.config import preset
+        from vision.training.train import train_detr as train
+    else:
+        from nlp.config import preset
+        from nlp.train import train_nmt as train
+    return preset, train
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("app", choices=("detr", "nmt"))
@@ -100,12 +111,7 @@ def main(argv=None) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     run = RunOptions(time_budget=args.minutes, mixed_precision=args.mixed_precision)
     clock = StepClock()
-    if args.app == "detr":
-        from vision.config import preset
-        from vision.training.train import train_detr as train
-    else:
-        from nlp.config import preset
-        from nlp.train import train_nmt as train
+    preset, train = application(args.app)
     scores = train("embedded", workdir, preset("tiny"), run, callbacks=[clock],
                    log=lambda *line: None)
     steps = clock.steps

@@ -29,6 +29,7 @@ import traceback
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
+from budget import application  # noqa: E402
 
 from tfx_transformer.training.run import RunOptions  # noqa: E402
 
@@ -86,12 +87,7 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=2.8)
     parser.add_argument("--eval-limit", type=int, default=16)
     args = parser.parse_args(argv)
-    if args.app == "detr":
-        from vision.config import preset
-        from vision.training.train import train_detr as train
-    else:
-        from nlp.config import preset
-        from nlp.train import train_nmt as train
+    preset, train = application(args.app)
     probe = EpochStarts()
     with tempfile.TemporaryDirectory(prefix="epoch-starts-") as workdir:
         train("embedded", workdir, preset("tiny"),
