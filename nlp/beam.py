@@ -43,7 +43,7 @@ def _ranked(alive_seq, alive_logp, fin_seq, fin_score, max_penalty):
 
 
 def _beam(model, source, beam_size, length_penalty, max_length, extra_length, return_scores,
-          nbest, cached, convention="gnmt", renormalize=True):
+          nbest, cached, convention="gnmt", renormalize=True, forced_bos_id=None):
     """Beam search (see `beam_search`); ``cached=False`` re-runs the decoder over each prefix."""
     _check_beam_size(beam_size)
     if convention not in ("gnmt", "transformers"):
@@ -89,7 +89,8 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
         n = max_length + 1
         logits, cache = step(i, alive_seq, cache)
         logp = _restrict(model, logits, i, beam_limit,
-                         log_softmax_first=hf or not renormalize)  # (B·K, V)
+                         log_softmax_first=hf or not renormalize,
+                         forced_bos_id=forced_bos_id)  # (B·K, V)
         if renormalize:
             logp = ops.log_softmax(logp, axis=-1)
         cand = alive_logp[..., None] + ops.reshape(logp, (batch, beam_size, vocab))  # (B, K, V)
@@ -159,7 +160,8 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
 
 def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
                 max_length=None, extra_length: int = 50, return_scores: bool = False,
-                nbest: bool = False, convention: str = "gnmt", renormalize: bool = True):
+                nbest: bool = False, convention: str = "gnmt", renormalize: bool = True,
+                forced_bos_id: int | None = None):
     """Beam search with a length penalty and the KV cache (see `nlp.decoding`).
 
     Args:
@@ -178,6 +180,8 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
             and stopping rule of transformers' ``generate`` (`nlp.decoding.DecodingSettings`).
         renormalize: normalize each step's log-probabilities over the ids that may be
             generated (`nlp.decoding.DecodingSettings`).
+        forced_bos_id: the id every hypothesis starts with, at log-probability 0
+            (`nlp.decoding.DecodingSettings`).
 
     Returns:
         ``(B, N)`` int32 ids (``N = max_length`` or ``S + extra_length``) of the best
@@ -189,12 +193,13 @@ def beam_search(model, source, beam_size: int = 4, length_penalty: float = 0.6,
     """
     return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
                  return_scores, nbest, cached=True, convention=convention,
-                 renormalize=renormalize)
+                 renormalize=renormalize, forced_bos_id=forced_bos_id)
 
 
 def beam_search_uncached(model, source, beam_size: int = 4, length_penalty: float = 0.6,
                          max_length=None, extra_length: int = 50, return_scores: bool = False,
-                         nbest: bool = False, convention: str = "gnmt", renormalize: bool = True):
+                         nbest: bool = False, convention: str = "gnmt", renormalize: bool = True,
+                         forced_bos_id: int | None = None):
     """Beam search that re-runs the decoder over every hypothesis's whole prefix at each step.
 
     The reference that cached beam search must equal, and a baseline of
@@ -202,4 +207,4 @@ def beam_search_uncached(model, source, beam_size: int = 4, length_penalty: floa
     """
     return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
                  return_scores, nbest, cached=False, convention=convention,
-                 renormalize=renormalize)
+                 renormalize=renormalize, forced_bos_id=forced_bos_id)

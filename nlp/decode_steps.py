@@ -23,8 +23,11 @@ def _penalty(length, length_penalty: float, convention: str = "gnmt"):
     return ops.power((5.0 + length) / 6.0, length_penalty)
 
 
-def _restrict(model, logits, step, limit, log_softmax_first: bool = False):
-    """Forbids the model's ``banned_ids`` everywhere, and all but eos from a row's last step.
+def _restrict(model, logits, step, limit, log_softmax_first: bool = False,
+              forced_bos_id: int | None = None):
+    """Forbids the model's ``banned_ids`` everywhere, and all but eos from a row's last step;
+    with ``forced_bos_id``, the first step (``step == 0``) may only give that id, at
+    log-probability 0 (transformers' ``forced_bos_token_id``: NLLB's target language).
 
     ``logits`` ``(R, V)``; ``limit`` ``(R,)``: each row's most tokens, eos included. With
     ``log_softmax_first`` the logits become log-probabilities over the whole vocabulary
@@ -39,7 +42,11 @@ def _restrict(model, logits, step, limit, log_softmax_first: bool = False):
         banned = banned | (vocab == token)
     last = ops.greater_equal(step, limit - 1)[:, None]  # (R, 1)
     banned = banned | (last & (vocab != model.eos_id))
-    return ops.where(banned, NEG, logits)
+    logits = ops.where(banned, NEG, logits)
+    if forced_bos_id is not None:
+        forced = ops.where(vocab == forced_bos_id, 0.0, NEG)[None, :]  # (1, V)
+        logits = ops.where(ops.equal(step, 0), forced, logits)
+    return logits
 
 
 def _minimum(a, b):

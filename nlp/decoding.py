@@ -83,6 +83,9 @@ class DecodingSettings:
             be generated (the banned ids and, at a sentence's last step, all but eos
             removed); else over the whole vocabulary, the removed ids' share lost
             (transformers' ``renormalize_logits=False``).
+        forced_bos_id: the id every translation starts with, at log-probability 0 (it counts
+            as a generated token): transformers' ``forced_bos_token_id``, the target-language
+            token of NLLB / M2M100 models; None: no forced first token.
     """
 
     beam_size: int = 4
@@ -90,6 +93,7 @@ class DecodingSettings:
     extra_length: int = 50
     convention: str = "gnmt"
     renormalize: bool = True
+    forced_bos_id: int | None = None
 
     def __post_init__(self):
         owner = type(self).__name__
@@ -100,6 +104,8 @@ class DecodingSettings:
         checks.non_negative_number(f"{owner}.length_penalty", self.length_penalty)
         checks.non_negative_int(f"{owner}.extra_length", self.extra_length)
         checks.boolean(f"{owner}.renormalize", self.renormalize)
+        if self.forced_bos_id is not None:
+            checks.non_negative_int(f"{owner}.forced_bos_id", self.forced_bos_id)
 
     def greedy(self) -> DecodingSettings:
         """The same settings with ``beam_size=1``."""
@@ -130,16 +136,19 @@ def search(model, source, settings: DecodingSettings, max_length=None, nbest: bo
         return beam_search(model, source, beam_size=settings.beam_size,
                            length_penalty=settings.length_penalty, max_length=max_length,
                            extra_length=settings.extra_length, nbest=nbest,
-                           convention=settings.convention, renormalize=settings.renormalize)
+                           convention=settings.convention, renormalize=settings.renormalize,
+                           forced_bos_id=settings.forced_bos_id)
     if nbest:
         ids, scores = greedy_search(model, source, max_length=max_length,
                                     extra_length=settings.extra_length, return_scores=True,
                                     length_penalty=settings.length_penalty,
                                     convention=settings.convention,
-                                    renormalize=settings.renormalize)
+                                    renormalize=settings.renormalize,
+                                    forced_bos_id=settings.forced_bos_id)
         return ids[:, None], scores[:, None]
     return greedy_search(model, source, max_length=max_length,
-                         extra_length=settings.extra_length)
+                         extra_length=settings.extra_length,
+                         forced_bos_id=settings.forced_bos_id)
 
 
 def compile_search(model, method: str = "beam", jit_compile: bool = False, **kwargs):

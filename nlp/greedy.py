@@ -21,7 +21,8 @@ __all__ = ["greedy_search", "greedy_search_uncached"]
 
 def greedy_search(model, source, max_length=None, extra_length: int = 50,
                   return_scores: bool = False, length_penalty: float = 0.0,
-                  convention: str = "gnmt", renormalize: bool = True):
+                  convention: str = "gnmt", renormalize: bool = True,
+                  forced_bos_id: int | None = None):
     """Greedy decoding with the KV cache.
 
     Args:
@@ -39,6 +40,7 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
             ``length_penalty``).
         renormalize: the score's log-probabilities are normalized over the ids that may be
             generated (`nlp.decoding.DecodingSettings`).
+        forced_bos_id: the id every translation starts with (`nlp.decoding.DecodingSettings`).
 
     Returns:
         ``(B, N)`` int32 ids, ``N = max_length`` or ``S + extra_length`` (and the scores
@@ -57,7 +59,8 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
         current = ops.slice(tokens, [0, i], [batch, 1])  # (B, 1)
         logits, caches = _decode_step(model, current, i, caches, cross, memory_mask)
         hf = convention == "transformers"
-        logits = _restrict(model, logits, i, limit, log_softmax_first=hf or not renormalize)
+        logits = _restrict(model, logits, i, limit, log_softmax_first=hf or not renormalize,
+                           forced_bos_id=forced_bos_id)
         nxt = ops.cast(ops.argmax(logits, axis=-1), "int32")
         if return_scores:
             step_logp = ops.log_softmax(logits, axis=-1) if renormalize else logits
@@ -77,7 +80,8 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
     return tokens
 
 
-def greedy_search_uncached(model, source, max_length=None, extra_length: int = 50):
+def greedy_search_uncached(model, source, max_length=None, extra_length: int = 50,
+                           forced_bos_id: int | None = None):
     """Greedy decoding that re-runs the decoder over the whole prefix at every step.
 
     The usual tutorial way; kept as the reference that cached decoding must equal, and as the
@@ -93,7 +97,8 @@ def greedy_search_uncached(model, source, max_length=None, extra_length: int = 5
     def body(i, tokens, finished):
         prefix = ops.slice(tokens, [0, 0], [batch, i + 1])  # (B, i + 1)
         logits = model.decode(prefix, memory, memory_mask)[:, -1]
-        nxt = ops.cast(ops.argmax(_restrict(model, logits, i, limit), axis=-1), "int32")
+        logits = _restrict(model, logits, i, limit, forced_bos_id=forced_bos_id)
+        nxt = ops.cast(ops.argmax(logits, axis=-1), "int32")
         nxt = ops.where(finished, model.pad_id, nxt)
         tokens = ops.slice_update(tokens, [0, i + 1], nxt[:, None])
         return i + 1, tokens, finished | (nxt == model.eos_id)
