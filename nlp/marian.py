@@ -38,34 +38,64 @@ __all__ = ["ACTIVATIONS", "marian_settings", "read_marian", "read_weights", "set
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",
                "tanh": "tanh", "sigmoid": "sigmoid"}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-# Fields that describe nothing a MarianMTModel computes (names, bookkeeping, classification
-# heads it does not have, training-time switches).
-_METADATA = {"_name_or_path", "architectures", "transformers_version", "model_type",
-             "id2label", "label2id", "_num_labels", "num_labels", "classif_dropout",
-             "classifier_dropout", "init_std", "use_cache", "gradient_checkpointing",
-             "torch_dtype", "dtype", "is_encoder_decoder", "num_hidden_layers",
-             "output_attentions", "output_hidden_states", "return_dict", "bos_token_id",
-             "tokenizer_class", "problem_type", "chunk_size_feed_forward", "is_decoder",
-             "add_cross_attention", "tie_encoder_decoder", "pruned_heads", "torchscript",
-             "finetuning_task", "prefix", "task_specific_params", "cross_attention_hidden_size"}
-# Fields with the one value implemented here.
-_FIXED = {"normalize_before": False, "normalize_embedding": False,
+# Which config fields are read, and which are only bookkeeping, is decided by what
+# transformers itself reads (tests/nlp/test_marian_fields.py checks these sets against its
+# installed source and GenerationConfig):
+# - MODEL_FIELDS: every field modeling_marian.py reads from its config (plus
+#   tie_word_embeddings, read by PreTrainedModel): each is read below or has its one value;
+# - generation fields (generation_config.json, or config.json in older releases):
+#   GENERATION_READ are read; the others must hold GenerationConfig's default, which
+#   changes nothing (GENERATION_DEFAULTS), or change nothing whatever their value
+#   (GENERATION_NO_EFFECT: what generate returns, not which tokens);
+# - every other field of config.json is bookkeeping that no computation reads (names,
+#   label maps, _num_labels, classif_dropout, extra_pos_embeddings, dtype...): accepted.
+# A field of generation_config.json that is none of these is refused: it is a generation
+# setting this conversion does not know.
+MODEL_FIELDS = {"activation_dropout", "activation_function", "attention_dropout", "d_model",
+                "decoder_attention_heads", "decoder_ffn_dim", "decoder_layerdrop",
+                "decoder_layers", "decoder_start_token_id", "decoder_vocab_size", "dropout",
+                "encoder_attention_heads", "encoder_ffn_dim", "encoder_layerdrop",
+                "encoder_layers", "is_decoder", "is_encoder_decoder", "max_position_embeddings",
+                "pad_token_id", "scale_embedding", "share_encoder_decoder_embeddings",
+                "tie_word_embeddings", "vocab_size"}
+# Model fields with the one value implemented here; and the fields of BART-era Marian configs
+# that transformers' MarianMTModel no longer reads but that, set otherwise, say the model was
+# trained as neither transformers nor this conversion computes it (pre-norm, a final
+# LayerNorm, learned positions...).
+_FIXED = {"encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "is_decoder": False,
+          "is_encoder_decoder": True, "normalize_before": False, "normalize_embedding": False,
           "add_final_layer_norm": False, "add_bias_logits": False,
-          "static_position_embeddings": True, "encoder_layerdrop": 0.0,
-          "decoder_layerdrop": 0.0, "layer_norm_eps": 1e-5,
-          "do_sample": False, "num_return_sequences": 1, "repetition_penalty": 1.0,
-          "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0, "min_length": 0,
-          "early_stopping": False, "diversity_penalty": 0.0, "num_beam_groups": 1,
-          "temperature": 1.0, "top_k": 50, "top_p": 1.0, "typical_p": 1.0}
-# Fields read below.
-_READ = {"vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers",
-         "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
-         "decoder_ffn_dim", "activation_function", "dropout", "attention_dropout",
-         "activation_dropout", "max_position_embeddings", "scale_embedding",
-         "share_encoder_decoder_embeddings", "tie_word_embeddings", "pad_token_id",
-         "eos_token_id", "decoder_start_token_id", "forced_eos_token_id", "bad_words_ids",
-         "num_beams", "length_penalty", "max_length", "max_new_tokens", "renormalize_logits",
-         "forced_bos_token_id"}
+          "static_position_embeddings": True}
+GENERATION_READ = {"num_beams", "length_penalty", "max_length", "max_new_tokens",
+                   "bad_words_ids", "forced_eos_token_id", "forced_bos_token_id",
+                   "renormalize_logits", "decoder_start_token_id", "eos_token_id",
+                   "pad_token_id", "bos_token_id"}
+GENERATION_DEFAULTS = {
+    "do_sample": False, "num_return_sequences": 1, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": None,
+    "early_stopping": False, "diversity_penalty": 0.0, "num_beam_groups": 1,
+    "temperature": 1.0, "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "min_p": None,
+    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "penalty_alpha": None,
+    "exponential_decay_length_penalty": None, "suppress_tokens": None,
+    "begin_suppress_tokens": None, "sequence_bias": None, "force_words_ids": None,
+    "forced_decoder_ids": None, "remove_invalid_values": False, "guidance_scale": None,
+    "max_time": None, "stop_strings": None, "constraints": None, "token_healing": False,
+    "dola_layers": None, "watermarking_config": None, "top_h": None,
+}
+GENERATION_NO_EFFECT = {"_from_model_config", "transformers_version", "use_cache",
+                        "output_scores", "output_logits", "output_attentions",
+                        "output_hidden_states", "return_dict_in_generate",
+                        "num_assistant_tokens", "num_assistant_tokens_schedule",
+                        "assistant_confidence_threshold", "prompt_lookup_num_tokens",
+                        "max_matching_ngram_size", "assistant_early_exit",
+                        "assistant_lookbehind", "target_lookbehind", "cache_implementation",
+                        "cache_config", "return_legacy_cache", "low_memory",
+                        "compile_config", "disable_compile", "is_assistant",
+                        "generation_kwargs", "trust_remote_code", "assistant_ensemble_weight",
+                        "speculation_type", "use_mtp", "continuous_batching_config",
+                        "max_cache_len", "prefill_chunk_size"}
+_READ = (MODEL_FIELDS - set(_FIXED)) | GENERATION_READ
 
 
 def _read_json(path: str) -> dict:
@@ -100,27 +130,54 @@ def _check_folder(folder: str) -> None:
         raise ValueError(f"{folder}: no weights: neither {' nor '.join(WEIGHT_FILES)}{extra}")
 
 
+def check_fields(config: dict, generation: dict, model_fields: set, fixed: dict,
+                 read: set) -> None:
+    """Refuses, by name and file, a field that would change what the model computes or
+    generates and that this conversion neither reads (``read``) nor implements at its one
+    value (``fixed``); accepts bookkeeping (see the comment above `MODEL_FIELDS`).
+
+    Raises:
+        ValueError: naming the file, the field and its value.
+    """
+    def refuse(file, field, value, why):
+        raise ValueError(f"{file}: {field}={value!r} {why}")
+
+    for file, fields in (("config.json", config), ("generation_config.json", generation)):
+        for field, value in sorted(fields.items()):
+            if field in fixed:
+                if value is not None and value != fixed[field]:
+                    refuse(file, field, value, f"is not supported (only {fixed[field]!r})")
+            elif field in read or field in GENERATION_NO_EFFECT:
+                continue
+            elif field in GENERATION_DEFAULTS:  # None: unset, which is the default
+                if value is not None and value != GENERATION_DEFAULTS[field]:
+                    refuse(file, field, value, "changes the generation and is not implemented "
+                           f"by this conversion (only {GENERATION_DEFAULTS[field]!r})")
+            elif field in model_fields:
+                refuse(file, field, value, "is not implemented by this conversion (refused "
+                       "rather than ignored)")
+            elif file == "generation_config.json" and not field.startswith("_"):
+                refuse(file, field, value, "is a generation setting this conversion does not "
+                       "know (refused rather than ignored)")
+
+
 def marian_settings(config: dict, generation: dict) -> tuple[dict, DecodingSettings]:
     """``Seq2SeqTransformer`` arguments and decoding settings of a Marian ``config.json``
     (``generation``: its ``generation_config.json``, whose fields win).
 
     Raises:
         ValueError: a field this conversion does not implement, or a value it does not
-            support; the message names the field.
+            support; the message names the file and the field.
     """
+    if config.get("model_type", "marian") != "marian":
+        raise ValueError(f"config.json: model_type {config['model_type']!r} is not 'marian'")
+    check_fields(config, generation, MODEL_FIELDS, _FIXED, _READ)
     merged = {**config, **generation}
-    if merged.get("model_type", "marian") != "marian":
-        raise ValueError(f"config.json: model_type {merged['model_type']!r} is not 'marian'")
-    unknown = sorted(set(merged) - _METADATA - set(_FIXED) - _READ
-                     - {"pad_token_id", "decoder_start_token_id"})
-    if unknown:
-        raise ValueError(f"config.json: field(s) {', '.join(unknown)} are not implemented by "
-                         "this conversion (refused rather than ignored)")
-    for field, value in _FIXED.items():
-        if field in merged and merged[field] is not None and merged[field] != value:
-            raise ValueError(f"config.json: {field}={merged[field]!r} is not supported (only "
-                             f"{value!r})")
     get = merged.get
+
+    def file_of(field):
+        return "generation_config.json" if field in generation else "config.json"
+
     activation = get("activation_function", "gelu")
     if activation not in ACTIVATIONS:
         raise ValueError(f"config.json: activation_function {activation!r} is not supported "
@@ -133,18 +190,19 @@ def marian_settings(config: dict, generation: dict) -> tuple[dict, DecodingSetti
     eos, pad = get("eos_token_id", 0), get("pad_token_id")
     if isinstance(eos, list):
         if len(eos) != 1:
-            raise ValueError(f"config.json: eos_token_id={eos!r}: one end id is supported")
+            raise ValueError(f"{file_of('eos_token_id')}: eos_token_id={eos!r}: one end id is "
+                             "supported")
         eos = eos[0]
     forced = get("forced_eos_token_id", eos)
     if forced not in (eos, [eos]):
-        raise ValueError(f"config.json: forced_eos_token_id={forced!r} differs from "
-                         f"eos_token_id={eos}: not supported")
-    if get("forced_bos_token_id") is not None:
-        raise ValueError("config.json: forced_bos_token_id is not supported")
+        raise ValueError(f"{file_of('forced_eos_token_id')}: forced_eos_token_id={forced!r} "
+                         f"differs from eos_token_id={eos}: not supported")
+    forced_bos = get("forced_bos_token_id")
     start = get("decoder_start_token_id", pad)
     banned = sorted({i for ids in (get("bad_words_ids") or []) for i in ids})
     if any(len(ids) != 1 for ids in (get("bad_words_ids") or [])):
-        raise ValueError("config.json: bad_words_ids of more than one token are not supported")
+        raise ValueError(f"{file_of('bad_words_ids')}: bad_words_ids of more than one token "
+                         "are not supported")
     shared = bool(get("share_encoder_decoder_embeddings", True))
     tied = bool(get("tie_word_embeddings", True))
     vocab = get("vocab_size")
@@ -166,7 +224,8 @@ def marian_settings(config: dict, generation: dict) -> tuple[dict, DecodingSetti
     decoding = DecodingSettings(beam_size=int(get("num_beams") or 4),
                                 length_penalty=float(get("length_penalty", 1.0)),
                                 convention="transformers",
-                                renormalize=bool(get("renormalize_logits", False)))
+                                renormalize=bool(get("renormalize_logits", False)),
+                                forced_bos_id=forced_bos)
     return kwargs, decoding
 
 

@@ -92,6 +92,7 @@ LANGUAGE_CODES = (">>fra<<", ">>deu<<")  # in the shared vocab.json only, as mul
 # attention (large q/k), small value/output projections and small biases keep the random decoder
 # from collapsing onto one token; the eos bias ends the beams at varied lengths.
 SCALES = {"shared": {"embed": 0.12, "qk": 0.8, "vo": 0.1, "fc": 0.2, "eos": 2.15},
+          "tcbig": {"embed": 0.1, "qk": 0.4, "vo": 0.08, "fc": 0.12, "eos": 1.4},
           "separate": {"embed": 0.15, "qk": 1.0, "vo": 0.1, "fc": 0.35, "eos": 1.3}}
 PAD_BIAS = 4.0  # added to final_logits_bias[pad]: banning pad without renormalizing shows
 M = 20  # max_new_tokens of the batch generations
@@ -203,9 +204,17 @@ def pieces(spm, rng) -> tuple:
     return [kept[i] for i in rng.permutation(len(kept)) if kept[i] not in left_out], left_out
 
 
-def opus_vocab(middle: list) -> dict:
-    """OPUS-MT's vocab.json: "</s>" 0, "<unk>" 1, the pieces, "<pad>" last."""
-    vocab = {"</s>": 0, "<unk>": 1}
+def opus_vocab(middle: list, tc_big: bool = False) -> dict:
+    """OPUS-MT's vocab.json: "</s>" 0, "<unk>" 1, the pieces, "<pad>" last; ``tc_big``: as the
+    Tatoeba tc-big releases, "</s>" and "<unk>" among the pieces (eos far from 0)."""
+    if tc_big:
+        middle = list(dict.fromkeys(middle))
+        third = len(middle) // 3
+        middle = middle[:third] + ["<unk>"] + middle[third:2 * third] + ["</s>"] \
+            + middle[2 * third:]
+        vocab = {}
+    else:
+        vocab = {"</s>": 0, "<unk>": 1}
     for piece in middle:
         vocab.setdefault(piece, len(vocab))
     vocab["<pad>"] = len(vocab)
@@ -217,7 +226,7 @@ def write_json(path: str, content) -> None:
         json.dump(content, f, ensure_ascii=False, indent=2)
 
 
-def write_tokenizer(folder: str, shared: bool, rng) -> tuple:
+def write_tokenizer(folder: str, shared: bool, rng, tc_big: bool = False) -> tuple:
     """source.spm, target.spm, vocab.json (+ target_vocab.json), tokenizer_config.json."""
     source = train_spm(corpus(rng, "en"), f"{folder}/source.spm")
     target = train_spm(corpus(rng, "de"), f"{folder}/target.spm")
@@ -227,7 +236,7 @@ def write_tokenizer(folder: str, shared: bool, rng) -> tuple:
         seen = set(source_pieces)
         union = source_pieces + [p for p in target_pieces if p not in seen]
         middle = [p for p in union if p not in source_out | target_out] + list(LANGUAGE_CODES)
-        source_vocab = target_vocab = opus_vocab(middle)
+        source_vocab = target_vocab = opus_vocab(middle, tc_big)
     else:
         source_vocab, target_vocab = opus_vocab(source_pieces), opus_vocab(target_pieces)
         write_json(f"{folder}/target_vocab.json", target_vocab)
@@ -240,30 +249,37 @@ def write_tokenizer(folder: str, shared: bool, rng) -> tuple:
     return source_vocab, target_vocab
 
 
-def marian_config(shared: bool, vocab_size: int, decoder_vocab_size: int):
-    """Helsinki-NLP/opus-mt-en-de's config.json, shrunk (d_model 32, ffn 64)."""
+def marian_config(config: str, vocab_size: int, decoder_vocab_size: int, eos: int = 0):
+    """Helsinki-NLP/opus-mt-en-de's config.json, shrunk (d_model 32, ffn 64); ``tcbig``: a
+    Tatoeba tc-big's (relu, 16 heads, FFN 4 d, 1024 positions, eos not 0) at d_model 64."""
     pad = vocab_size - 1  # OPUS-MT: one pad id, both vocabs have the same size
-    if shared:
+    shared = config != "separate"
+    width = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=512)
+    if config == "shared":
         layout = dict(encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
                       decoder_attention_heads=8, activation_function="swish")
+    elif config == "tcbig":
+        layout = dict(encoder_layers=6, decoder_layers=6, encoder_attention_heads=16,
+                      decoder_attention_heads=16, activation_function="relu")
+        width = dict(d_model=64, encoder_ffn_dim=256, decoder_ffn_dim=256,
+                     max_position_embeddings=1024)
     else:
         layout = dict(encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
                       decoder_attention_heads=4, activation_function="relu")
     return transformers.MarianConfig(
-        vocab_size=vocab_size, decoder_vocab_size=decoder_vocab_size, d_model=32,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=512, scale_embedding=True,
+        vocab_size=vocab_size, decoder_vocab_size=decoder_vocab_size, scale_embedding=True,
         share_encoder_decoder_embeddings=shared, tie_word_embeddings=True, pad_token_id=pad,
-        decoder_start_token_id=pad, eos_token_id=0, forced_eos_token_id=0, bos_token_id=0,
+        decoder_start_token_id=pad, eos_token_id=eos, forced_eos_token_id=eos, bos_token_id=0,
         dropout=0.1, attention_dropout=0.0, activation_dropout=0.0, init_std=0.02,
         static_position_embeddings=True, normalize_embedding=False, normalize_before=False,
         add_final_layer_norm=False, add_bias_logits=False, architectures=["MarianMTModel"],
-        **layout)
+        **width, **layout)
 
 
-def generation_config(pad: int) -> dict:
+def generation_config(pad: int, eos: int = 0) -> dict:
     """Helsinki-NLP/opus-mt-*'s generation_config.json (renormalize_logits: since PR #25459)."""
     return {"bad_words_ids": [[pad]], "bos_token_id": 0, "decoder_start_token_id": pad,
-            "eos_token_id": 0, "forced_eos_token_id": 0, "max_length": 512, "num_beams": 4,
+            "eos_token_id": eos, "forced_eos_token_id": eos, "max_length": 512, "num_beams": 4,
             "pad_token_id": pad, "renormalize_logits": True}
 
 
@@ -291,10 +307,10 @@ def randomize(model, scales: dict) -> None:
         bias[0, model.config.decoder_start_token_id] += PAD_BIAS
 
 
-def save_model(folder: str, model, pad: int) -> None:
+def save_model(folder: str, model, pad: int, eos: int = 0) -> None:
     """model.safetensors, config.json, generation_config.json; bin/: v4's pytorch_model.bin."""
     model.save_pretrained(folder)
-    write_json(f"{folder}/generation_config.json", generation_config(pad))
+    write_json(f"{folder}/generation_config.json", generation_config(pad, eos))
     os.makedirs(f"{folder}/bin", exist_ok=True)
     # transformers v4's save_pretrained(safe_serialization=False): the whole state_dict, tied
     # aliases included (model.shared/encoder/decoder.embed_tokens, lm_head), less
@@ -341,14 +357,14 @@ def tokenization_strings(rng) -> list:
     return [t for t in texts if not any(s in t for s in ("</s>", "<unk>", "<pad>", "<s>"))]
 
 
-def strip_generated(row) -> list:
+def strip_generated(row, eos: int = 0) -> list:
     """Without the decoder start token, cut after the first eos."""
     ids = row[1:].tolist()
-    return ids[:ids.index(0) + 1] if 0 in ids else ids
+    return ids[:ids.index(eos) + 1] if eos in ids else ids
 
 
 def reference_outputs(model, tokenizer, target_size: int, rng) -> tuple:
-    pad = model.config.pad_token_id
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     decoder_input_ids = torch.from_numpy(rng.integers(0, target_size - 1, (len(SENTENCES), 12)))
@@ -366,14 +382,14 @@ def reference_outputs(model, tokenizer, target_size: int, rng) -> tuple:
             ids = ids[ids != pad][None]
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=4,
                                  max_new_tokens=ids.shape[1] + EXTRA)
-            single.append(strip_generated(out[0]))
+            single.append(strip_generated(out[0], eos))
     arrays = {"input_ids": input_ids.numpy(), "attention_mask": attention_mask.numpy(),
               "encoder_output": encoder_output.last_hidden_state.numpy(),
               "decoder_input_ids": decoder_input_ids.numpy(), "logits": logits.numpy()}
-    generate_batch = [strip_generated(row) for row in beams]
+    generate_batch = [strip_generated(row, eos) for row in beams]
     results = {"sentences": SENTENCES, "max_new_tokens": M, "extra_length": EXTRA,
                "generate_batch": generate_batch, "generate_single": single,
-               "greedy_batch": [strip_generated(row) for row in greedy],
+               "greedy_batch": [strip_generated(row, eos) for row in greedy],
                "generate_batch_decoded": [tokenizer.decode(ids, skip_special_tokens=True)
                                           for ids in generate_batch]}
     return arrays, results
@@ -384,13 +400,131 @@ def text_outputs(tokenizer, target_size: int, rng) -> dict:
     sequences = []
     for _ in range(50):
         ids = rng.integers(0, target_size - 1, int(rng.integers(1, 21)))  # never pad
-        ids[rng.random(len(ids)) < 0.08] = 0  # some eos
-        ids[rng.random(len(ids)) < 0.08] = 1  # some unk
+        ids[rng.random(len(ids)) < 0.08] = tokenizer.eos_token_id  # some eos
+        ids[rng.random(len(ids)) < 0.08] = tokenizer.unk_token_id  # some unk
         sequences.append(ids.tolist())
     return {
         "tokenization": [{"text": t, "input_ids": tokenizer(t)["input_ids"]} for t in texts],
         "detokenization": [{"ids": ids, "text": tokenizer.decode(ids, skip_special_tokens=True),
                             "text_with_special": tokenizer.decode(ids)} for ids in sequences]}
+
+
+# The field sets of published config.json files (their values here: the small model's), so
+# that the converter reads what users bring, not only what save_pretrained writes:
+# - en-de: Helsinki-NLP/opus-mt-en-de as the Hub serves it (written by transformers 4.x: the
+#   BART-era fields, _num_labels, classif_dropout, label maps, generation defaults
+#   bad_words_ids / max_length / num_beams in config.json);
+# - en-vi: Helsinki-NLP/opus-mt-en-vi re-saved by transformers 5.x (extra_pos_embeddings,
+#   dtype, classifier_dropout, is_decoder);
+# - tc-big: Helsinki-NLP/opus-mt-tc-big-* (relu, 16 heads, 1024 positions, eos not 0,
+#   torch_dtype float16, no BART-era fields);
+# - tatoeba-separate: a Tatoeba model with separate vocabularies
+#   (share_encoder_decoder_embeddings false, decoder_vocab_size);
+# - fine-tune: what MarianMTModel.save_pretrained writes for a model built from its config, as
+#   a fine-tuning script does (generation_config.json with _from_model_config).
+LABELS = {"id2label": {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"},
+          "label2id": {"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2}}
+EN_DE = ["_name_or_path", "_num_labels", "activation_dropout", "activation_function",
+         "add_bias_logits", "add_final_layer_norm", "architectures", "attention_dropout",
+         "bad_words_ids", "bos_token_id", "classif_dropout", "classifier_dropout", "d_model",
+         "decoder_attention_heads", "decoder_ffn_dim", "decoder_layerdrop", "decoder_layers",
+         "decoder_start_token_id", "decoder_vocab_size", "dropout", "encoder_attention_heads",
+         "encoder_ffn_dim", "encoder_layerdrop", "encoder_layers", "eos_token_id",
+         "forced_eos_token_id", "gradient_checkpointing", "id2label", "init_std",
+         "is_encoder_decoder", "label2id", "max_length", "max_position_embeddings",
+         "model_type", "normalize_before", "normalize_embedding", "num_beams",
+         "num_hidden_layers", "pad_token_id", "scale_embedding",
+         "share_encoder_decoder_embeddings", "static_position_embeddings",
+         "transformers_version", "use_cache", "vocab_size"]
+EN_VI = ["activation_dropout", "activation_function", "add_bias_logits", "add_final_layer_norm",
+         "architectures", "attention_dropout", "bos_token_id", "classif_dropout",
+         "classifier_dropout", "d_model", "decoder_attention_heads", "decoder_ffn_dim",
+         "decoder_layerdrop", "decoder_layers", "decoder_start_token_id", "decoder_vocab_size",
+         "dropout", "dtype", "encoder_attention_heads", "encoder_ffn_dim", "encoder_layerdrop",
+         "encoder_layers", "eos_token_id", "extra_pos_embeddings", "id2label", "init_std",
+         "is_decoder", "is_encoder_decoder", "label2id", "max_position_embeddings",
+         "model_type", "normalize_before", "normalize_embedding", "num_hidden_layers",
+         "pad_token_id", "scale_embedding", "share_encoder_decoder_embeddings",
+         "static_position_embeddings", "tie_word_embeddings", "transformers_version",
+         "use_cache", "vocab_size"]
+TC_BIG = ["activation_dropout", "activation_function", "architectures", "attention_dropout",
+          "bad_words_ids", "bos_token_id", "classifier_dropout", "d_model",
+          "decoder_attention_heads", "decoder_ffn_dim", "decoder_layerdrop", "decoder_layers",
+          "decoder_start_token_id", "decoder_vocab_size", "dropout", "encoder_attention_heads",
+          "encoder_ffn_dim", "encoder_layerdrop", "encoder_layers", "eos_token_id",
+          "forced_eos_token_id", "init_std", "is_encoder_decoder", "max_length",
+          "max_position_embeddings", "model_type", "normalize_embedding", "num_beams",
+          "num_hidden_layers", "pad_token_id", "scale_embedding",
+          "share_encoder_decoder_embeddings", "static_position_embeddings", "torch_dtype",
+          "transformers_version", "use_cache", "vocab_size"]
+VARIANTS = {"shared": ("en-de", "en-vi", "fine-tune"), "separate": ("tatoeba-separate",),
+            "tcbig": ("tc-big",)}
+
+
+def release_config(name: str, config) -> dict:
+    """config.json of the release ``name`` for the small model of ``config``."""
+    c = config
+    value = {
+        "_name_or_path": "Helsinki-NLP/opus-mt-en-de", "_num_labels": 3,
+        "activation_dropout": c.activation_dropout, "activation_function": c.activation_function,
+        "add_bias_logits": False, "add_final_layer_norm": False,
+        "architectures": ["MarianMTModel"], "attention_dropout": c.attention_dropout,
+        "bad_words_ids": [[c.pad_token_id]], "bos_token_id": 0, "classif_dropout": 0.0,
+        "classifier_dropout": 0.0, "d_model": c.d_model,
+        "decoder_attention_heads": c.decoder_attention_heads,
+        "decoder_ffn_dim": c.decoder_ffn_dim, "decoder_layerdrop": 0.0,
+        "decoder_layers": c.decoder_layers, "decoder_start_token_id": c.decoder_start_token_id,
+        "decoder_vocab_size": c.decoder_vocab_size, "dropout": c.dropout, "dtype": "float32",
+        "encoder_attention_heads": c.encoder_attention_heads,
+        "encoder_ffn_dim": c.encoder_ffn_dim, "encoder_layerdrop": 0.0,
+        "encoder_layers": c.encoder_layers, "eos_token_id": c.eos_token_id,
+        "extra_pos_embeddings": c.vocab_size, "forced_eos_token_id": c.eos_token_id,
+        "gradient_checkpointing": False, "init_std": 0.02, "is_decoder": False,
+        "is_encoder_decoder": True, "max_length": 512,
+        "max_position_embeddings": c.max_position_embeddings, "model_type": "marian",
+        "normalize_before": False, "normalize_embedding": False, "num_beams": 4,
+        "num_hidden_layers": c.encoder_layers, "pad_token_id": c.pad_token_id,
+        "scale_embedding": True,
+        "share_encoder_decoder_embeddings": c.share_encoder_decoder_embeddings,
+        "static_position_embeddings": True, "tie_word_embeddings": True,
+        "torch_dtype": "float16", "use_cache": True, "vocab_size": c.vocab_size, **LABELS}
+    fields, version = {"en-de": (EN_DE, "4.22.0.dev0"), "en-vi": (EN_VI, "5.1.0"),
+                       "tc-big": (TC_BIG, "4.18.0.dev0"),
+                       "tatoeba-separate": (EN_DE, "4.22.0.dev0")}[name]
+    value["transformers_version"] = version
+    return {k: value[k] for k in fields}
+
+
+def write_variants(folder: str, model, tokenizer, arrays: dict, config: str) -> None:
+    """FOLDER/variants/NAME/: the same weights and tokenizer under each release's field set,
+    loaded back by transformers, with its logits and generate results (expected.npz/json)."""
+    eos = model.config.eos_token_id
+    for name in VARIANTS[config]:
+        out = f"{folder}/variants/{name}"
+        os.makedirs(out)
+        for file in os.listdir(folder):
+            if file.endswith((".spm", ".json")) and not file.startswith("expected"):
+                shutil.copy(f"{folder}/{file}", out)
+        if name == "fine-tune":  # a model built from its config and saved, as a trainer does
+            again = transformers.MarianMTModel(
+                transformers.MarianConfig.from_pretrained(folder)).eval()
+            again.load_state_dict(model.state_dict())
+            again.save_pretrained(out)
+            assert json.load(open(f"{out}/generation_config.json"))["_from_model_config"]
+        else:
+            shutil.copy(f"{folder}/model.safetensors", out)
+            write_json(f"{out}/config.json", release_config(name, model.config))
+        loaded = transformers.MarianMTModel.from_pretrained(out, dtype=torch.float32).eval()
+        inputs = {k: torch.from_numpy(arrays[k]) for k in ("input_ids", "attention_mask")}
+        with torch.no_grad():
+            logits = loaded(**inputs, decoder_input_ids=torch.from_numpy(
+                arrays["decoder_input_ids"])).logits
+            beams = loaded.generate(**inputs, num_beams=4, max_new_tokens=M)
+            greedy = loaded.generate(**inputs, num_beams=1, max_new_tokens=M)
+        np.savez(f"{out}/expected.npz", logits=logits.numpy())
+        write_json(f"{out}/expected.json", {
+            "generate_batch": [strip_generated(row, eos) for row in beams],
+            "greedy_batch": [strip_generated(row, eos) for row in greedy]})
 
 
 def main(folder: str, config: str) -> None:
@@ -399,15 +533,17 @@ def main(folder: str, config: str) -> None:
     rng = np.random.default_rng(SEED)
     os.makedirs(folder, exist_ok=True)
     sentencepiece.set_min_log_level(2)
-    shared = config == "shared"
-    source_vocab, target_vocab = write_tokenizer(folder, shared, rng)
+    shared = config != "separate"
+    source_vocab, target_vocab = write_tokenizer(folder, shared, rng, tc_big=config == "tcbig")
     assert len(source_vocab) == len(target_vocab)  # as the OPUS-MT converter requires
+    eos = target_vocab["</s>"]
     model = transformers.MarianMTModel(
-        marian_config(shared, len(source_vocab), len(target_vocab))).eval()
+        marian_config(config, len(source_vocab), len(target_vocab), eos)).eval()
     randomize(model, SCALES[config])
-    save_model(folder, model, model.config.pad_token_id)
+    save_model(folder, model, model.config.pad_token_id, eos)
     model = check_reload(folder, model)
     tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
+    assert tokenizer.eos_token_id == eos
     arrays, results = reference_outputs(model, tokenizer, len(target_vocab), rng)
     results.update(text_outputs(tokenizer, len(target_vocab), rng))
     try:
@@ -418,6 +554,7 @@ def main(folder: str, config: str) -> None:
     results.update(config=config, transformers_version=transformers.__version__)
     np.savez(f"{folder}/expected.npz", **arrays)
     write_json(f"{folder}/expected.json", results)
+    write_variants(folder, model, tokenizer, arrays, config)
 
 
 if __name__ == "__main__":
@@ -425,7 +562,7 @@ if __name__ == "__main__":
     # transformers are imported once. Each config's numbers are those of a process of its own.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", nargs="+")
-    parser.add_argument("--config", choices=("shared", "separate"), required=True,
+    parser.add_argument("--config", choices=("shared", "separate", "tcbig"), required=True,
                         action="append")
     args = parser.parse_args()
     if len(args.folder) != len(args.config):

@@ -123,8 +123,8 @@ def _folder(tmp_path, marian_dir, config=None, drop=(), extra=()):
 
 @pytest.mark.parametrize("case, named", [
     (dict(drop=["vocab.json"]), "vocab.json"),
-    (dict(config={"model_type": "marian", "vocab_size": 10, "rotary_embeddings": True}),
-     "rotary_embeddings"),
+    (dict(config={"model_type": "marian", "vocab_size": 10, "add_final_layer_norm": True}),
+     "add_final_layer_norm"),
     (dict(drop=["source.spm", "target.spm"], extra=["source.bpe", "target.bpe"]), "BPE"),
 ])
 def test_a_folder_the_converter_cannot_take_is_one_error_line(tmp_path, marian_dir, capsys,

@@ -29,14 +29,14 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
                 allow_module_level=True)
 
 from nlp.decoding import DecodingSettings, search  # noqa: E402
-from nlp.marian import read_marian  # noqa: E402
+from nlp.marian import marian_settings, read_marian  # noqa: E402
 from nlp.model_dir import read_model_dir  # noqa: E402
 
 _REFERENCE = os.path.join(os.path.dirname(__file__), "reference_marian.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-CONFIGS = ("shared", "separate")
+CONFIGS = ("shared", "separate", "tcbig")
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +69,50 @@ def converted(request, references):
     return arrays, expected, model, tokenizer, decoding
 
 
+HUB_ID = "Helsinki-NLP/opus-mt-en-xx"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_cache(root, folder, repo_id=HUB_ID, commit=COMMIT):
+    """A Hugging Face Hub cache at ``root`` holding ``folder``'s files as ``repo_id`` at
+    ``commit`` (its main branch), laid out as huggingface_hub writes it."""
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for path in folder.iterdir():
+        if path.is_file() and not path.name.startswith("expected"):
+            (snapshot / path.name).write_bytes(path.read_bytes())
+    return root
+
+
 @pytest.fixture(scope="module")
 def exported(references):
     """The separate vocabularies' folder (two vocabulary files, the smaller model) converted
-    by the command users run: (expected json, DIR)."""
+    by the command users run, by its Hub id from a Hub cache with HF_HUB_OFFLINE=1, the
+    revision pinned: (expected json, DIR)."""
     folder, _, expected = references("separate")
+    cache = hub_cache(folder.parent / f"{folder.name}-hub", folder)
     out = folder.parent / f"{folder.name}-converted"
-    subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "convert_nmt.py"),
-                    str(folder), "--out", str(out)], check=True, capture_output=True)
+    subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "convert_nmt.py"), HUB_ID,
+                    "--revision", COMMIT, "--out", str(out)], check=True, capture_output=True,
+                   env={**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
     return expected, out
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE=1 and the Hub cache"),
+    ({"HF_ENDPOINT": "http://127.0.0.1:9"}, "the Hub could not be reached"),  # no network
+])
+def test_a_hub_id_that_cannot_be_had_is_one_error_line(tmp_path, env, says):
+    done = subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "convert_nmt.py"),
+                           "Helsinki-NLP/opus-mt-no-such", "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_CACHE": str(tmp_path), **env})
+    assert done.returncode == 2 and done.stderr.count("error:") == 1, done.stderr[-2000:]
+    assert "Helsinki-NLP/opus-mt-no-such" in done.stderr and says in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
 
 
 def _rows(ids, eos):
@@ -155,6 +190,7 @@ def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported, 
     expected, out = exported
     info = json.loads((out / "export" / "translator.json").read_text())
     assert info["convention"] == "transformers"
+    assert json.loads((out / "model.json").read_text())["source"] == f"{HUB_ID}@{COMMIT}"
     translator = tf.saved_model.load(str(out / "export"))
     nbest = translator.signatures["translate_nbest"](text=tf.constant(expected["sentences"]))
     _, tokenizer, _, _ = read_model_dir(out)
@@ -172,6 +208,53 @@ def test_the_converted_model_keras_loads_after_import_nlp_with_the_references_lo
     # What a Keras user does with the converter's model.keras: `import nlp`, then load it.
     _, arrays, _ = references("separate")
     np.testing.assert_allclose(outside[2], arrays["logits"], atol=1e-4)
+
+
+VARIANTS = [(config, name) for config, names in
+            (("shared", ("en-de", "en-vi", "fine-tune")), ("separate", ("tatoeba-separate",)),
+             ("tcbig", ("tc-big",))) for name in names]
+
+
+def _settings(folder):
+    generation = folder / "generation_config.json"
+    return marian_settings(json.loads((folder / "config.json").read_text()),
+                           json.loads(generation.read_text()) if generation.exists() else {})
+
+
+@pytest.mark.parametrize("config, name", VARIANTS)
+def test_every_release_field_set_converts_and_equals_transformers(references, config, name):
+    # The same weights under the field sets of published config.json files (and a folder
+    # that transformers' save_pretrained wrote for a fine-tuned model): each converts, and its
+    # logits and generate results equal what transformers computed from that very folder.
+    # Where the folder decodes with the reference folder's settings, transformers generated
+    # what it generated there, which the search matches in the test above; else (the
+    # fine-tune's generation_config.json: no renormalize_logits) the search runs here.
+    folder, arrays, base = references(config)
+    variant = folder / "variants" / name
+    expected = json.loads((variant / "expected.json").read_text())
+    model, tokenizer, decoding = read_marian(variant, log=lambda *_: None)
+    memory, mask = model.encode(arrays["input_ids"])
+    logits = model.decode(arrays["decoder_input_ids"], memory, mask)
+    np.testing.assert_allclose(np.asarray(logits), np.load(variant / "expected.npz")["logits"],
+                               atol=1e-4)
+    assert (decoding.beam_size, decoding.convention) == (4, "transformers")
+    if decoding == _settings(folder)[1]:
+        assert expected["generate_batch"] == base["generate_batch"]
+        assert expected["greedy_batch"] == base["greedy_batch"]
+    else:
+        beam = search(model, arrays["input_ids"], decoding, max_length=20)
+        assert _rows(beam, tokenizer.eos_id) == expected["generate_batch"]
+
+
+def test_tc_big_shape_is_read_as_published(references):
+    # relu, 16 heads, 1024 positions, eos far from 0 and pad the last id: as tc-big models.
+    folder, _, _ = references("tcbig")
+    kwargs, _ = _settings(folder / "variants" / "tc-big")
+    vocab = json.loads((folder / "vocab.json").read_text())
+    assert (kwargs["activation"], kwargs["num_heads"], kwargs["max_positions"]) == \
+        ("relu", 16, 1024)
+    assert kwargs["eos_id"] == vocab["</s>"] > 100
+    assert kwargs["pad_id"] == vocab["<pad>"] == kwargs["vocab_size"] - 1
 
 
 def test_source_tokenization_equals_marian_tokenizer(converted):
