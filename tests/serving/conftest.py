@@ -1,6 +1,7 @@
 """The server the serving tests share: ``scripts/serve.py`` run as a user runs it.
 
-`serving` starts it once on 127.0.0.1 (a free port, the default flags otherwise) with the
+`serving` starts it once on 127.0.0.1 (a free port, ``--max-queue 16``, the default flags
+otherwise) with the
 session's two test exports, records what the API answered while the models loaded, and stops
 it with SIGTERM at the end (`Server.stop`; the last test checks that stop itself).
 """
@@ -20,6 +21,9 @@ import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Per model: a flood of 112 requests overflows it (test_abuse.py), the 12 concurrent requests of
+# a test do not (Ray Serve counts a request as queued until a replica is chosen for it).
+MAX_QUEUE = 16
 START_TIMEOUT = 240  # seconds: Ray's start and two TensorFlow loads on a busy 2-core machine
 
 
@@ -79,6 +83,7 @@ class Server:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as error:
+            self.headers = dict(error.headers)
             return error.code, json.loads(error.read())
 
     def get(self, path: str) -> tuple[int, dict]:
@@ -117,9 +122,10 @@ def serving(nmt_export, detr_export):
     """The running server with the test translator (``translator``) and detector
     (``detector``): a `Server`, with ``translator_path`` and ``detector_path``."""
     translator, detector = nmt_export[2], detr_export[1]
-    server = Server(["--translator", str(translator), "--detector", str(detector)],
-                    free_port())
+    server = Server(["--translator", str(translator), "--detector", str(detector),
+                     "--max-queue", str(MAX_QUEUE)], free_port())
     server.translator_path, server.detector_path = str(translator), str(detector)
+    server.max_queue = MAX_QUEUE
     try:
         server.wait_ready("translator")
         yield server

@@ -10,11 +10,16 @@ Serving's documented ones, or computed here from the inputs.
 import base64
 import io
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bombs import png_bomb  # noqa: E402
 
 from tfx_transformer.serving import signatures as sig
 from tfx_transformer.serving.app import parse_model_path
@@ -248,3 +253,72 @@ def test_malformed_model_paths(path):
     with pytest.raises(RestError) as error:
         parse_model_path(path)
     assert error.value.status == 404
+
+
+def test_the_bomb_maker_makes_real_images():
+    data = png_bomb(37, 23)
+    np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(data))),
+                                  np.zeros([23, 37, 3], np.uint8))
+    assert tf.io.decode_png(png_bomb(300, 1234)).shape == (1234, 300, 3)
+
+
+@pytest.mark.parametrize("fmt, options", [
+    ("PNG", {}), ("JPEG", {}), ("JPEG", {"progressive": True}), ("GIF", {}), ("BMP", {}),
+    ("WEBP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"mode": "RGBA"}),
+    ("JPEG", {"exif": True}),
+])
+def test_image_sizes_are_read_from_the_header_as_pillow_reads_them(fmt, options):
+    from tfx_transformer.serving.images import image_size
+
+    options = dict(options)
+    mode = options.pop("mode", "RGB")
+    for width, height in ((1, 1), (37, 23), (640, 17), (300, 4100)):
+        image = Image.new(mode, (width, height), "red")
+        buffer = io.BytesIO()
+        if options.pop("exif", False):
+            exif = Image.Exif()
+            exif[0x0112] = 6  # rotated: the header's size is the stored one
+            options["exif"] = exif
+        image.save(buffer, fmt, **options)
+        data = buffer.getvalue()
+        assert image_size(data) == Image.open(io.BytesIO(data)).size == (width, height)
+        assert image_size(data[:8]) is None or fmt == "GIF"
+    assert image_size(b"not an image") is None and image_size(b"") is None
+    assert image_size(png_bomb(20000, 20000)[:40]) == (20000, 20000)
+
+
+def test_limits_refuse_bombs_deep_json_and_too_many_values_before_parsing(served):
+    from tfx_transformer.serving.rest import Limits
+
+    limits = Limits(max_string_bytes=1000, max_json_depth=8, max_json_values=1000,
+                    max_image_pixels=10_000)
+
+    def refused(body: bytes) -> str:
+        with pytest.raises(RestError) as error:
+            parse_predict(body, served.specs, limits=limits)
+        assert error.value.status == 400
+        return error.value.message
+
+    bomb = base64.b64encode(png_bomb(101, 100)).decode()
+    assert refused(json.dumps({"signature_name": "decode", "instances": [{"b64": bomb}]})
+                   .encode()) == ("input 'png': a 101 x 100 image (10,100 pixels) is larger "
+                                  "than the limit of 10,000 pixels (--max-image-pixels)")
+    fits = base64.b64encode(png_bomb(100, 100)).decode()
+    body = json.dumps({"signature_name": "decode", "instances": [{"b64": fits}]}).encode()
+    assert parse_predict(body, served.specs, limits=limits).size == 1
+    deep = b'{"instances": ' + b"[" * 100_000 + b"1" + b"]" * 100_000 + b"}"
+    assert refused(deep) == ("the request's JSON is nested 100,001 levels deep, deeper than "
+                             "the server's limit of 8 (--max-json-depth)")
+    with pytest.raises(RestError, match="JSON Parse error: nested too deeply"):
+        parse_predict(deep, served.specs)  # no limit: Python's parser's RecursionError
+    brackets_in_text = json.dumps({"signature_name": "decode",
+                                   "instances": ['[[[[[[[[[[\\"{{{{{{{{{']}).encode()
+    assert parse_predict(brackets_in_text, served.specs, limits=limits).size == 1
+    assert refused(json.dumps({"instances": [1.0] * 1000}).encode()) == (
+        "the request's JSON holds about 1,002 values, more than the server's limit of 1,000 "
+        "(--max-json-values)")
+    assert parse_predict(json.dumps({"instances": [1.0] * 998}).encode(), served.specs,
+                         limits=limits).size == 998
+    assert refused(b'{"signature_name": "decode", "instances": ["\\ud800 alone"]}') == (
+        "input 'png': the text is not valid Unicode (surrogates not allowed: '\\ud800' at "
+        "character 0)")

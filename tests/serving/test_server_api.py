@@ -139,8 +139,8 @@ LONG = "word " * 4001  # 20,005 bytes: over the default --max-string-bytes (20,0
      "longer than the server's limit of 20000 bytes"),
     ("/v1/models/translator:predict", b'{"instances": ["a"', 400, "JSON Parse error"),
     ("/v1/models/translator:classify", {"examples": []}, 400, "answers :predict only"),
-    ("/v1/models/detector:predict", {"signature_name": "serving_bytes",
-                                     "instances": [_b64(b"GIF87a not really")]}, 400, "GIF"),
+    ("/v1/models/detector:predict", {"signature_name": "serving_bytes", "instances": [
+        _b64(b"GIF87a\x01\x00\x01\x00 not really")]}, 400, "GIF"),  # a 1 x 1 header
     ("/v1/models/detector:predict", {"instances": [[[[0, 0, 300]]]]}, 400,
      "values must lie in [0, 255]"),
 ])

@@ -13,6 +13,15 @@ Paths (``NAME`` a served model; ``/versions/1`` may follow it, the only version)
 - ``GET /v1/models``: the served models and what they are (not in TF Serving's API: the page
   reads it);
 - ``GET /``: the page; ``GET /static/FILE``: its files.
+
+Limits (each a flag of ``tfx-serve``): a request's body size, its JSON's depth and number of
+values, a text's length and an encoded image's pixels (read from its header, before the model
+decodes it) are checked in the replica before the model runs (`rest.Limits`; 413 or 400).
+Each model's requests beyond those its replicas hold (``max_ongoing_requests``) wait in the
+ingress's queue of Ray Serve (``max_queued_requests``); beyond ``max_queue`` they are refused
+with 503 and ``Retry-After``. A request not answered within ``request_timeout_s`` is answered
+504 and cancelled (as is the request of a client that disconnects): queued, it never runs; a
+large one stops at its next chunk of ``max_batch_size`` instances.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations (Request).
@@ -21,15 +30,19 @@ import json
 import os
 import re
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from ray import serve
+from ray.serve.exceptions import BackPressureError
 
 from tfx_transformer.serving import signatures as sig
 from tfx_transformer.serving.model import ServedModel
-from tfx_transformer.serving.rest import RestError, format_response, parse_predict
+from tfx_transformer.serving.rest import Limits, RestError, format_response, parse_predict
 
-__all__ = ["Ingress", "ModelReplica", "build_app", "parse_model_path"]
+__all__ = ["Ingress", "ModelReplica", "answer_within", "build_app", "parse_model_path"]
+
+RETRY_AFTER_S = 1  # the Retry-After of a 503 for a full queue
 
 STATIC = os.path.join(os.path.dirname(__file__), "static")
 _PATH = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?"
@@ -50,14 +63,14 @@ class ModelReplica:
         threads: TensorFlow's thread pool size in this replica.
         max_batch_size: the most instances one signature call runs.
         batch_wait_s: how long a request waits for others to share its call.
-        max_string_bytes: the longest text (not b64) an instance may hold.
+        limits: what one request may hold (`rest.Limits`).
     """
 
     def __init__(self, name: str, path: str, threads: int, max_batch_size: int,
-                 batch_wait_s: float, max_string_bytes: int):
+                 batch_wait_s: float, limits: Limits):
         self.model = ServedModel(name, path, threads)
         self.max_batch_size = max_batch_size
-        self.max_string_bytes = max_string_bytes
+        self.limits = limits
         self._batched.set_max_batch_size(max_batch_size)
         self._batched.set_batch_wait_timeout_s(batch_wait_s)
 
@@ -77,9 +90,9 @@ class ModelReplica:
         try:
             self.model.check_available()
             request = await asyncio.to_thread(parse_predict, body, self.model.specs,
-                                              self.max_string_bytes)
+                                              limits=self.limits)
             if request.size > self.max_batch_size:  # too big to share a call: alone
-                outputs = await asyncio.to_thread(self.model.run, request)
+                outputs = await self._run_in_chunks(request)
             else:
                 outputs = await self._batched(request)
             if isinstance(outputs, RestError):
@@ -88,6 +101,20 @@ class ModelReplica:
             return 200, json.dumps(answer, ensure_ascii=False).encode()
         except RestError as error:
             return error.status, json.dumps({"error": error.message}, ensure_ascii=False).encode()
+
+    async def _run_in_chunks(self, request) -> dict:
+        """A large request's outputs, run ``max_batch_size`` rows at a time: a cancelled
+        request (timed out, its client gone) stops after its current chunk."""
+        parts = []
+        for start in range(0, request.size, self.max_batch_size):
+            chunk = request.rows(start, start + self.max_batch_size)
+            parts.append(await asyncio.to_thread(self.model.run, chunk))
+        try:
+            return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+        except ValueError:  # outputs whose shape beyond the batch differs between chunks
+            raise RestError(f"this model's outputs differ in shape between calls: send at "
+                            f"most {self.max_batch_size} instances (--max-batch-size) per "
+                            "request") from None
 
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_requests_size)
     async def _batched(self, requests: list) -> list:
@@ -104,8 +131,31 @@ def parse_model_path(path: str) -> tuple[str, str | None, str]:
     return match["name"], match["version"], what
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def answer_within(response, timeout_s: float, name: str):
+    """What a deployment's ``response`` (a Ray Serve ``DeploymentResponse``) gives, waited for
+    at most ``timeout_s`` seconds; on time out it is cancelled and `RestError` 504 raised.
+    A full queue (Ray Serve's ``BackPressureError``) is `RestError` 503."""
+    async def result():
+        return await response
+
+    try:
+        return await asyncio.wait_for(result(), timeout_s)
+    except asyncio.TimeoutError:
+        response.cancel()  # still queued: never runs; running: stops at its next chunk
+        raise RestError(f"model {name} did not answer within {timeout_s:g} s "
+                        "(--request-timeout)", 504) from None
+    except asyncio.CancelledError:  # the client went away: its work is not needed
+        response.cancel()
+        raise
+    except BackPressureError as error:
+        queued, limit = error.args[:2]
+        raise RestError(f"model {name} is busy: {queued} requests are queued, the server's "
+                        f"limit (--max-queue {limit}); retry after {RETRY_AFTER_S} s",
+                        503) from None
 
 
 api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
@@ -122,12 +172,16 @@ class Ingress:
         handles: each model's `ModelReplica` deployment, by name.
         models: what ``GET /v1/models`` lists (``name``, ``kind`` and what the page needs).
         max_request_bytes: the largest request body taken (413 beyond it).
+        request_timeout_s: the longest a request may take, its body's upload included
+            (408 for a body not received in time, 504 for a model's answer).
     """
 
-    def __init__(self, handles: dict, models: list[dict], max_request_bytes: int):
+    def __init__(self, handles: dict, models: list[dict], max_request_bytes: int,
+                 request_timeout_s: float):
         self.handles = handles
         self.models = models
         self.max_request_bytes = max_request_bytes
+        self.request_timeout_s = request_timeout_s
 
     @api.get("/")
     async def page(self):
@@ -157,17 +211,27 @@ class Ingress:
             if what in ("status", "metadata"):
                 if request.method != "GET":
                     raise RestError(f"Use GET for /v1/models/{path}", 405)
-                status, body = await getattr(handle, what).remote()
+                status, body = await answer_within(getattr(handle, what).remote(),
+                                                   self.request_timeout_s, name)
                 return JSONResponse(body, status_code=status)
             if what != "predict":
                 raise RestError(f"this server answers :predict only, not :{what}", 400)
             if request.method != "POST":
                 raise RestError(f"Use POST for /v1/models/{path}", 405)
-            body = await self._body(request)
-            status, content = await handle.predict.remote(body)
+            start = asyncio.get_running_loop().time()
+            try:
+                body = await asyncio.wait_for(self._body(request), self.request_timeout_s)
+            except asyncio.TimeoutError:
+                raise RestError(f"the request body did not arrive within "
+                                f"{self.request_timeout_s:g} s (--request-timeout)",
+                                408) from None
+            left = self.request_timeout_s - (asyncio.get_running_loop().time() - start)
+            status, content = await answer_within(handle.predict.remote(body), max(left, 0.01),
+                                                  name)
             return Response(content, status_code=status, media_type="application/json")
         except RestError as error:
-            return _error(error.status, error.message)
+            headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None
+            return _error(error.status, error.message, headers)
         except Exception as error:  # noqa: BLE001  (never a trace in the answer)
             return _error(500, f"internal error: {type(error).__name__}")
 
@@ -188,17 +252,23 @@ class Ingress:
 
 
 def build_app(models: list[dict], threads: int, replica_cpus: float, replicas: int,
-              max_batch_size: int, batch_wait_s: float, max_string_bytes: int,
-              max_request_bytes: int):
+              max_batch_size: int, batch_wait_s: float, limits: Limits,
+              max_request_bytes: int, max_queue: int, request_timeout_s: float):
     """The application: a `ModelReplica` deployment per entry of ``models`` (``name``, ``path``,
-    ``kind``...), ``replicas`` each of ``replica_cpus`` CPUs, behind one `Ingress`."""
+    ``kind``...), ``replicas`` each of ``replica_cpus`` CPUs, behind one `Ingress`.
+
+    Each replica holds at most ``max(64, 2 * max_batch_size)`` requests (Ray Serve's
+    ``max_ongoing_requests``: a batch running, the next one forming, the status probes);
+    the ingress queues at most ``max_queue`` more per model (``max_queued_requests``, which
+    Ray Serve counts at each caller: the one ingress) and refuses the rest with 503."""
     handles = {}
     for entry in models:
         deployment = ModelReplica.options(
             name=f"model-{entry['name']}", num_replicas=replicas,
             ray_actor_options={"num_cpus": replica_cpus},
-            max_ongoing_requests=max(64, 2 * max_batch_size))
+            max_ongoing_requests=max(64, 2 * max_batch_size), max_queued_requests=max_queue,
+            backpressure_config={"status_code": 503, "retry_after_s": RETRY_AFTER_S})
         handles[entry["name"]] = deployment.bind(entry["name"], entry["path"], threads,
-                                                 max_batch_size, batch_wait_s, max_string_bytes)
+                                                 max_batch_size, batch_wait_s, limits)
     listed = [{k: v for k, v in entry.items() if k != "path"} for entry in models]
-    return Ingress.bind(handles, listed, max_request_bytes)
+    return Ingress.bind(handles, listed, max_request_bytes, request_timeout_s)

@@ -28,6 +28,7 @@ quiet_start()  # before TensorFlow is imported (by the exports' checks)
 
 from tfx_transformer.applications import EXPORTS, registered  # noqa: E402
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.serving.images import MAX_IMAGE_PIXELS  # noqa: E402
 
 __all__ = ["main"]
 
@@ -61,6 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-string-bytes", type=positive(int), default=20_000,
                         help="the longest text of one instance, in UTF-8 bytes (larger: 400; "
                              "b64 values are limited by --max-request-mb only)")
+    parser.add_argument("--max-image-pixels", type=positive(int), default=MAX_IMAGE_PIXELS,
+                        help="the most pixels (width x height, read from the header before "
+                             "decoding) of an encoded image (larger: 400; default: Pillow's "
+                             "limit, 256 MiB of RGB)")
+    parser.add_argument("--max-json-depth", type=positive(int), default=32,
+                        help="the deepest nesting of arrays and objects in a request (deeper: "
+                             "400)")
+    parser.add_argument("--max-json-values", type=positive(int), default=4_000_000,
+                        help="the most JSON values (numbers, strings...) in a request (more: 400)")
+    parser.add_argument("--max-queue", type=positive(int), default=256,
+                        help="requests per model that wait beyond those its replicas hold "
+                             "(more: 503 with Retry-After)")
+    parser.add_argument("--request-timeout", type=positive(float), default=60.0,
+                        help="seconds a request may take, its upload included (longer: 504, "
+                             "the request cancelled)")
     parser.add_argument("--verbose", action="store_true", help="keep Ray's and TensorFlow's logs")
     return parser
 
@@ -155,6 +171,7 @@ def command(argv=None) -> int:
     from ray import serve
 
     from tfx_transformer.serving.app import build_app
+    from tfx_transformer.serving.rest import Limits
 
     level = logging.INFO if args.verbose else logging.WARNING
     ray.init(address=args.address or "local", num_cpus=None if args.address else
@@ -171,8 +188,10 @@ def command(argv=None) -> int:
         threads = max(1, int(replica_cpus))
         serve.start(http_options={"host": args.host, "port": args.port})
         app = build_app(models, threads, replica_cpus, args.replicas, args.max_batch_size,
-                        args.batch_wait_ms / 1000.0, args.max_string_bytes,
-                        int(args.max_request_mb * 2**20))
+                        args.batch_wait_ms / 1000.0,
+                        Limits(args.max_string_bytes, args.max_json_depth, args.max_json_values,
+                               args.max_image_pixels),
+                        int(args.max_request_mb * 2**20), args.max_queue, args.request_timeout)
         serve.run(app, name=APP_NAME, route_prefix="/")
         shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         print(f"listening on http://{shown}:{args.port}", flush=True)

@@ -22,12 +22,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["PredictRequest", "RestError", "SignatureSpec", "TensorSpec", "format_response",
-           "parse_predict"]
+from tfx_transformer.serving.images import pixel_problem
+
+__all__ = ["Limits", "PredictRequest", "RestError", "SignatureSpec", "TensorSpec",
+           "check_json", "format_response", "parse_predict"]
 
 SERVING = "serving_default"
 
@@ -46,6 +49,26 @@ class RestError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold (None: no limit); each is a flag of ``tfx-serve``.
+
+    Attributes:
+        max_string_bytes: the longest text (a JSON string, not ``{"b64": ...}``) of an
+            instance, in UTF-8 bytes (``--max-string-bytes``).
+        max_json_depth: the deepest nesting of JSON arrays and objects (``--max-json-depth``).
+        max_json_values: the most JSON values (numbers, strings, arrays...) in the body
+            (``--max-json-values``).
+        max_image_pixels: the most pixels (width x height, read from the header) of an
+            encoded image sent as ``{"b64": ...}`` (``--max-image-pixels``).
+    """
+
+    max_string_bytes: int | None = None
+    max_json_depth: int | None = None
+    max_json_values: int | None = None
+    max_image_pixels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -88,26 +111,75 @@ class PredictRequest:
     def size(self) -> int:
         return len(next(iter(self.inputs.values())))
 
+    def rows(self, start: int, stop: int) -> PredictRequest:
+        """The request of rows ``start:stop`` of every input."""
+        return PredictRequest(self.signature_name,
+                              {k: v[start:stop] for k, v in self.inputs.items()},
+                              self.row_format)
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def check_json(body: bytes, max_depth: int | None, max_values: int | None) -> None:
+    """Refuses a body nested deeper than ``max_depth`` or holding more than ``max_values``
+    JSON values, before it is parsed (Python's parser recurses once per level and builds an
+    object per value). Counted on the bytes, strings left out: values are at most the commas
+    plus the arrays and objects plus one.
+
+    Raises:
+        RestError: 400 naming the depth or the count, the limit and its flag.
+    """
+    if max_depth is None and max_values is None:
+        return
+    skeleton = _STRING.sub(b'""', body)
+    brackets = skeleton.translate(None, _NOT_BRACKETS)
+    opened = brackets.count(b"[") + brackets.count(b"{")
+    if max_depth is not None and opened > max_depth:
+        depth = deepest = 0
+        for start in range(0, len(brackets), 1 << 20):  # 4 MiB of int32 steps at a time
+            steps = np.frombuffer(brackets, np.uint8, min(1 << 20, len(brackets) - start), start)
+            levels = np.cumsum(np.where(steps % 4 == 3, 1, -1), dtype=np.int32) + depth
+            deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
+        if deepest > max_depth:  # "[" is 0x5B and "{" 0x7B: 3 modulo 4; "]", "}": 1
+            raise RestError(f"the request's JSON is nested {deepest:,} levels deep, deeper "
+                            f"than the server's limit of {max_depth} (--max-json-depth)")
+    values = skeleton.count(b",") + opened + 1
+    if max_values is not None and values > max_values:
+        raise RestError(f"the request's JSON holds about {values:,} values, more than the "
+                        f"server's limit of {max_values:,} (--max-json-values)")
+
 
 def parse_predict(body: bytes, signatures: dict[str, SignatureSpec],
-                  max_string_bytes: int | None = None) -> PredictRequest:
+                  max_string_bytes: int | None = None, limits: Limits | None = None
+                  ) -> PredictRequest:
     """The `PredictRequest` of a request body, checked against the model's signatures.
 
     Args:
         body: the HTTP request body (JSON).
         signatures: the model's signatures by name.
         max_string_bytes: the longest text (a JSON string, not ``{"b64": ...}``) an
-            instance may hold.
+            instance may hold (overrides ``limits.max_string_bytes``).
+        limits: what the request may hold (`Limits`); None: no limits.
 
     Raises:
-        RestError: the body is not JSON, names no or an unknown signature, mixes or lacks
-            ``instances``/``inputs``, or holds a value that does not fit the signature
-            (a number for a string input, a ragged array, a byte out of range...).
+        RestError: the body is over a limit, is not JSON, names no or an unknown signature,
+            mixes or lacks ``instances``/``inputs``, or holds a value that does not fit the
+            signature (a number for a string input, a ragged array, a byte out of range, an
+            image over the pixel limit...).
     """
+    limits = limits or Limits()
+    if max_string_bytes is not None:
+        limits = Limits(max_string_bytes, limits.max_json_depth, limits.max_json_values,
+                        limits.max_image_pixels)
+    check_json(body, limits.max_json_depth, limits.max_json_values)
     try:
         request = json.loads(body)
     except (ValueError, UnicodeDecodeError) as error:
-        raise RestError(f"JSON Parse error: {error}") from None
+        raise RestError(f"JSON Parse error: {' '.join(str(error).split())}") from None
+    except RecursionError:  # without a depth limit
+        raise RestError("JSON Parse error: nested too deeply") from None
     if not isinstance(request, dict):
         raise RestError("JSON Value: the request body must be a JSON object with "
                         "'instances' or 'inputs'")
@@ -126,7 +198,7 @@ def parse_predict(body: bytes, signatures: dict[str, SignatureSpec],
         columns = _rows_to_columns(request["instances"], spec)
     else:
         columns = _columns(request["inputs"], spec)
-    inputs = {key: _to_array(key, value, spec.inputs[key], max_string_bytes)
+    inputs = {key: _to_array(key, value, spec.inputs[key], limits)
               for key, value in columns.items()}
     sizes = {len(array) for array in inputs.values()}
     if has_columns and len(sizes) > 1:
@@ -177,7 +249,7 @@ def _columns(inputs, spec: SignatureSpec) -> dict[str, list]:
     return {keys[0]: inputs}
 
 
-def _decode_string(key: str, value, limit: int | None) -> bytes:
+def _decode_string(key: str, value, limits: Limits) -> bytes:
     if _is_b64(value):
         data = value["b64"]
         if not isinstance(data, str):
@@ -186,31 +258,39 @@ def _decode_string(key: str, value, limit: int | None) -> bytes:
             data = base64.b64decode(data, validate=True)
         except (binascii.Error, ValueError):
             raise RestError(f"input '{key}': Unable to base64 decode") from None
-        return data  # binary data (an image): only the request's size limits it
+        problem = pixel_problem(data, limits.max_image_pixels)  # read from the header
+        if problem:
+            raise RestError(f"input '{key}': {problem}", 400)
+        return data  # binary data: only the request's size limits it
     if not isinstance(value, str):
         raise RestError(f"input '{key}' is a string tensor: expecting a JSON string or "
                         f'{{"b64": ...}}, got {type(value).__name__} {json.dumps(value)[:40]}')
-    data = value.encode("utf-8")
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise RestError(f"input '{key}': the text is not valid Unicode ({error.reason}: "
+                        f"{value[error.start:error.end]!a} at character {error.start})") from None
+    limit = limits.max_string_bytes
     if limit is not None and len(data) > limit:
         raise RestError(f"input '{key}': a text of {len(data)} bytes is longer than the "
                         f"server's limit of {limit} bytes (--max-string-bytes)")
     return data
 
 
-def _strings(key: str, value, limit: int | None):
+def _strings(key: str, value, limits: Limits):
     if isinstance(value, list):
-        return [_strings(key, item, limit) for item in value]
-    return _decode_string(key, value, limit)
+        return [_strings(key, item, limits) for item in value]
+    return _decode_string(key, value, limits)
 
 
-def _to_array(key: str, values, spec: TensorSpec, limit: int | None) -> np.ndarray:
+def _to_array(key: str, values, spec: TensorSpec, limits: Limits) -> np.ndarray:
     """One input's values (its batch first) as an array that fits ``spec``."""
     if spec.dtype not in _DTYPES:
         raise RestError(f"input '{key}': dtype {spec.dtype} cannot be sent as JSON")
     if spec.dtype == "DT_STRING":
         ragged = RestError(f"input '{key}': the values have different shapes (a ragged list)")
         try:
-            array = np.array(_strings(key, values, limit), dtype=object)
+            array = np.array(_strings(key, values, limits), dtype=object)
         except ValueError:
             raise ragged from None
         if any(isinstance(x, list) for x in array.reshape(-1)):

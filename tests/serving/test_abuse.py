@@ -1,0 +1,168 @@
+"""The shared server (the `serving` fixture) under abuse and load: every client-caused
+condition is a 4xx (or 503 for a full queue) with a one-line reason, never a 500; good traffic
+with bad requests among it is answered 200; the server's memory stays bounded."""
+
+import asyncio
+import base64
+import json
+import os
+import sys
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bombs import png_bomb  # noqa: E402
+
+from tfx_transformer.serving.app import answer_within
+from tfx_transformer.serving.rest import RestError
+
+pytestmark = pytest.mark.xdist_group("serving")
+
+BOMB = png_bomb(20000, 20000)  # 1.2 MB; 1.2 GB once decoded
+
+
+def _b64(data: bytes) -> dict:
+    return {"b64": base64.b64encode(data).decode()}
+
+
+def _post(serving, path: str, data: bytes, timeout: float = 120):
+    """``(status, body, headers)`` of a POST of raw bytes."""
+    request = urllib.request.Request(serving.url + path, data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read()), response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read()), error.headers
+
+
+T, D = "/v1/models/translator:predict", "/v1/models/detector:predict"
+BYTES = b'{"signature_name": "serving_bytes", "instances": [%s]}'
+# Every way found for a client to get an error: (path, body, status, the reason, exactly).
+CLIENT_ERRORS = [
+    (D, BYTES % json.dumps(_b64(BOMB)).encode(), 400,
+     "input 'image_bytes': a 20000 x 20000 image (400,000,000 pixels) is larger than the limit "
+     "of 89,478,485 pixels (--max-image-pixels)"),
+    (T, b'{"instances": ' + b"[" * 100_000 + b'"a"' + b"]" * 100_000 + b"}", 400,
+     "the request's JSON is nested 100,001 levels deep, deeper than the server's limit of 32 "
+     "(--max-json-depth)"),
+    (D, b'{"instances": [' + b"0," * 4_000_000 + b"0]}", 400,
+     "the request's JSON holds about 4,000,003 values, more than the server's limit of "
+     "4,000,000 (--max-json-values)"),
+    (T, json.dumps({"instances": ["x" * 2_000_000]}).encode(), 400,
+     "input 'text': a text of 2000000 bytes is longer than the server's limit of 20000 bytes "
+     "(--max-string-bytes)"),
+    (T, b'{"instances": ["\\udc80 lone"]}', 400,
+     "input 'text': the text is not valid Unicode (surrogates not allowed: '\\udc80' at "
+     "character 0)"),
+    (T, b'{"inputs": null}', 400, "input 'text' is a string tensor: expecting a JSON string or "
+     '{"b64": ...}, got NoneType null'),
+    (T, b'{"instances": [{"text": 3}]}', 400, "input 'text' is a string tensor: expecting a "
+     'JSON string or {"b64": ...}, got int 3'),
+    (T, b"", 400, "JSON Parse error: Expecting value: line 1 column 1 (char 0)"),
+    (T, b'{"instances": ["\xff"]}', 400, "JSON Parse error: 'utf-8' codec can't decode byte "
+     "0xff in position 16: invalid start byte"),
+    (D, b'{"instances": [[[[0, 0, 1e999]]]]}', 400, "input 'images' is DT_UINT8: expecting "
+     "integers"),
+    (D, BYTES % b'{"b64": 5}', 400, "input 'image_bytes': 'b64' must hold a base64 string"),
+    (D, BYTES % json.dumps(_b64(b"\x89PNG\r\n\x1a\n")).encode(), 400, None),  # undecodable
+    (D, b'{"instances": [[[[0, 0, 0]]]], "signature_name": []}', 400,
+     "'signature_name' must be a string"),
+    ("/v1/models/translator:regress", b"{}", 400, "this server answers :predict only, not "
+     ":regress"),
+    ("/v1/models/nope:predict", b"{}", 404, "Servable not found for request: Latest(nope)"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, reason", CLIENT_ERRORS,
+                         ids=[f"{i}-{c[2]}" for i, c in enumerate(CLIENT_ERRORS)])
+def test_every_client_caused_error_is_a_4xx_with_a_one_line_reason(serving, path, body, status,
+                                                                    reason):
+    got, answer, _ = _post(serving, path, body)
+    assert (got, set(answer)) == (status, {"error"}), answer
+    assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+    if reason is not None:
+        assert answer["error"] == reason
+    else:
+        assert "PNG" in answer["error"], answer
+
+
+def _tree_rss(pid: int) -> int:
+    process = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
+
+
+def test_good_traffic_among_abuse_is_answered_and_memory_stays_bounded(serving):
+    good = [(T, json.dumps({"instances": [f"I have {n} apples."]}).encode())
+            for n in range(8)] + [
+        (D, BYTES % json.dumps(_b64(png_bomb(40 + n, 32))).encode()) for n in range(8)]
+    bad = [(path, body) for path, body, _, _ in CLIENT_ERRORS[:5]]
+    work = [(*item, True) for item in good * 2]
+    for i, item in enumerate(bad * 2):  # a bad request after every third good one
+        work.insert(3 * i + 2, (*item, False))
+    before = _tree_rss(serving.process.pid)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda w: (w[2], _post(serving, w[0], w[1])), work))
+    assert [status for ok, (status, _, _) in answers if ok] == [200] * len(good) * 2
+    assert all(400 <= status < 500 for ok, (status, _, _) in answers if not ok)
+    after = _tree_rss(serving.process.pid)
+    assert after - before < 400 * 2**20, (before, after)  # one decoded bomb alone: 1.2 GB
+    assert serving.get("/v1/models/detector")[0] == 200
+
+
+def test_a_flood_beyond_the_queue_is_refused_with_503_and_retry_after(serving):
+    body = json.dumps({"instances": ["The red car is fast and the station is far away."]})
+    clients = 112  # at least 112 - 64 held by the replica - the queue are refused
+
+    def send(_):
+        start.wait()  # all at once
+        return _post(serving, T, body.encode())
+
+    start = threading.Barrier(clients)
+    with ThreadPoolExecutor(clients) as pool:
+        answers = list(pool.map(send, range(clients)))
+    statuses = [status for status, _, _ in answers]
+    assert set(statuses) == {200, 503}, statuses
+    refused = [(answer, headers) for status, answer, headers in answers if status == 503]
+    answer, headers = refused[0]
+    assert len(refused) >= clients - 64 - serving.max_queue
+    assert headers.get("Retry-After") == "1"
+    queue = serving.max_queue
+    assert answer["error"] == (f"model translator is busy: {queue} requests are queued, "
+                               f"the server's limit (--max-queue {queue}); retry after 1 s")
+    translations = {json.dumps(answer) for status, answer, _ in answers if status == 200}
+    assert len(translations) == 1  # every admitted request got the same, right answer
+    assert serving.post(T, {"instances": ["Good morning."]})[0] == 200  # and it goes on
+
+
+class _Response:
+    """A stand-in for Ray Serve's DeploymentResponse that never answers, or raises."""
+
+    def __init__(self, error=None):
+        self.error, self.cancelled = error, False
+
+    def __await__(self):
+        if self.error:
+            raise self.error
+        return asyncio.sleep(3600).__await__()
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_a_model_that_does_not_answer_in_time_is_504_and_its_request_cancelled():
+    from ray.serve.exceptions import BackPressureError
+
+    response = _Response()
+    with pytest.raises(RestError) as error:
+        asyncio.run(answer_within(response, 0.05, "translator"))
+    assert (error.value.status, error.value.message) == (
+        504, "model translator did not answer within 0.05 s (--request-timeout)")
+    assert response.cancelled
+    with pytest.raises(RestError) as error:
+        asyncio.run(answer_within(_Response(BackPressureError(9, 9, 503, 1)), 5, "m"))
+    assert error.value.status == 503 and "--max-queue 9" in error.value.message
