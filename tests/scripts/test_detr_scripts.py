@@ -146,16 +146,21 @@ def test_detect_takes_any_readable_image_and_names_each_unreadable_one(small_exp
     _save_noise(tmp_path / "tall.png", 5000, 10, 1)
     (tmp_path / "broken.png").write_bytes(b"this is no image")
     (tmp_path / "folder.png").mkdir()
+    # A 20000 x 20000 PNG's header (a decompression bomb: 1.2 GB decoded): refused unread.
+    (tmp_path / "bomb.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
+                                        + (20000).to_bytes(4, "big") * 2 + b"\x08\x02\x00\x00\x00")
     out = tmp_path / "out"
-    images = ["wide.png", "broken.png", "missing.jpg", "folder.png", "tall.png"]
+    images = ["wide.png", "broken.png", "missing.jpg", "folder.png", "bomb.png", "tall.png"]
     code = _main("detect.py")("--model", small_export, "--threshold", 0.0, "--out", out,
                               *(tmp_path / name for name in images))
     err = capsys.readouterr().err
     assert code == 1, err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 3, err
-    for line, name in zip(errors, ("broken.png", "missing.jpg", "folder.png")):
+    assert len(errors) == 4, err
+    for line, name in zip(errors, ("broken.png", "missing.jpg", "folder.png", "bomb.png")):
         assert line.startswith("error: cannot read image ") and name in line, line
+    assert errors[3].endswith(": a 20000 x 20000 image (400,000,000 pixels) is larger than the "
+                              "limit of 89,478,485 pixels (--max-image-pixels)"), errors[3]
     assert "wide.png" not in err and "tall.png" not in err
     assert sorted(p.name for p in out.iterdir()) == [
         "tall.json", "tall.png", "wide.json", "wide.png"]

@@ -153,6 +153,40 @@ def test_decompression_bombs_are_named(tmp_path, monkeypatch):
         load_source(spec)
 
 
+def test_a_real_bomb_in_a_training_folder_is_named_and_skipped_unread(tmp_path):
+    """A 20000 x 20000 PNG (1.2 GB decoded) beside a good file, at PIL's own limit: its
+    header refuses it (`PIL.Image.open` reads no pixel), as a truncated file is refused."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    bomb = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0,
+                                                              0, 0))
+            + chunk(b"IDAT", zlib.compress(bytes(60001) * 8)) + chunk(b"IEND", b""))
+    (folder := tmp_path / "img").mkdir()
+    sizes = {"a.jpg": (50, 30), "bomb.png": (20000, 20000), "cut.jpg": (64, 48)}
+    for name, data in (("a.jpg", _jpeg(BLOCKS)), ("bomb.png", bomb), ("cut.jpg", _truncated())):
+        (folder / name).write_bytes(data)
+    images = [{"id": i + 1, "file_name": name, "width": w, "height": h}
+              for i, (name, (w, h)) in enumerate(sizes.items())]
+    annotations = [{"id": 1, "image_id": 2, "iscrowd": 0, "category_id": 1, "bbox": [1, 1, 5, 5]}]
+    (tmp_path / "ann.json").write_text(json.dumps(
+        {"images": images, "annotations": annotations, "categories": CATEGORIES}))
+    lines = []
+    records = _records(f"coco:{folder}:{tmp_path / 'ann.json'}", skip_bad_images=True,
+                       log=lines.append)
+    assert sorted(records) == [1]
+    assert lines == [f"skipped 2 bad image files ({str(folder / 'bomb.png')!r}, "
+                     f"{str(folder / 'cut.jpg')!r}) and their 1 annotations"]
+    problems = image_check.check_images([folder / "bomb.png"], progress=False).problems
+    assert problems[str(folder / "bomb.png")] == (
+        "too large (Image size (400000000 pixels) exceeds limit of 178956970 pixels, could be "
+        "decompression bomb DOS attack.)")
+
+
 @pytest.mark.filterwarnings("error::PIL.Image.DecompressionBombWarning")  # none leaks out
 def test_images_under_the_bomb_limit_are_shrunk_on_read(tmp_path, monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # 1500 pixels: PIL only warns

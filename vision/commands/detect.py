@@ -3,7 +3,9 @@
 For each IMAGE writes OUTDIR/<name>.png (the image with labelled boxes) and OUTDIR/<name>.json
 (its detections above the threshold: label, class_id, score, box [x0, y0, x1, y1] in pixels).
 An image that cannot be read (missing, not a file, not a JPEG/PNG/GIF/BMP/WebP image) is
-reported on stderr ("error: cannot read image ...") and skipped; the exit code is then 1. Any
+reported on stderr ("error: cannot read image ...") and skipped; the exit code is then 1, as
+for an image whose header gives more than ``--max-image-pixels`` (default Pillow's limit,
+89,478,485: a decompression bomb is refused before it is decoded). Any other
 readable image is detected in, whatever its size or aspect ratio, as displayed: a JPEG's EXIF
 orientation is applied (boxes, width and height are those of the upright photo).
 """
@@ -22,7 +24,8 @@ quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lin
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfx_transformer.cli import run_cli  # noqa: E402
+from tfx_transformer.cli import positive, run_cli  # noqa: E402
+from tfx_transformer.serving.images import MAX_IMAGE_PIXELS, pixel_problem  # noqa: E402
 from vision.data.decode import decode_image  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
 from vision.serving import load_detector  # noqa: E402
@@ -46,15 +49,19 @@ class UnreadableImageError(Exception):
     """An image file that cannot be opened or decoded; the message says why."""
 
 
-def read_image(path: str) -> np.ndarray:
+def read_image(path: str, max_pixels: int | None = MAX_IMAGE_PIXELS) -> np.ndarray:
     """The file's pixels as displayed, ``(H, W, 3)`` uint8 (as the export's ``serving_bytes``
     decodes them: a JPEG's EXIF orientation applied, grayscale and RGBA converted, first GIF
-    frame); `UnreadableImageError` when it cannot be read or decoded."""
+    frame); `UnreadableImageError` when it cannot be read or decoded, or when its header gives
+    more than ``max_pixels`` pixels (checked before decoding)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as error:
         raise UnreadableImageError(error.strerror or str(error)) from None
+    problem = pixel_problem(data, max_pixels)
+    if problem:
+        raise UnreadableImageError(problem)
     try:
         return _decode(tf.constant(data)).numpy()
     except tf.errors.OpError as error:
@@ -88,6 +95,9 @@ def command(argv=None) -> int:
                         help="keep detections with a score above this")
     parser.add_argument("--out", default="detections", help="output folder (created)")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    parser.add_argument("--max-image-pixels", type=positive(int), default=MAX_IMAGE_PIXELS,
+                        help="refuse images with more pixels (width x height, read from the "
+                             "header before decoding); default: Pillow's limit")
     parser.add_argument("--verbose", action="store_true",
                         help="keep TensorFlow's start-up and C++ log lines")
     args = parser.parse_args(argv)
@@ -98,7 +108,7 @@ def command(argv=None) -> int:
     failed, taken = 0, set()
     for path in args.images:
         try:
-            image = read_image(path)
+            image = read_image(path, args.max_image_pixels)
         except UnreadableImageError as error:
             print(f"error: cannot read image {path!r}: {error}", file=sys.stderr)
             failed += 1
