@@ -1,6 +1,6 @@
 """Load test of the REST server (``scripts/serve.py``) on loopback, against a hand-rolled peer.
 
-    python benchmarks/serve_load.py [--translator DIR] [--detector DIR] [--levels 1,8,32]
+    python benchmarks/serve_load.py [--translator DIR] [--detector DIR] [--levels 1,4,16,64]
         [--requests 32] [--seconds 8] [--repeats 3] [--server-args '...'] [--json OUT]
 
 Starts each server as a subprocess on a free port of 127.0.0.1, waits for its ``ready:`` line,
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detector", default=None,
                         help="detector export (default: the first of "
                              f"{', '.join(map(str, DEFAULT_EXPORTS['detector']))} there is)")
-    parser.add_argument("--levels", default="1,8,32", help="concurrent clients per level")
+    parser.add_argument("--levels", default="1,4,16,64", help="concurrent clients per level "
+                        "(64 stays below tfx-serve's default --max-queue of 256: no 503)")
     parser.add_argument("--requests", type=int, default=32,
                         help="requests per client in each round of a level (N x this at most)")
     parser.add_argument("--seconds", type=float, default=8.0,
