@@ -129,7 +129,7 @@ def test_a_flood_beyond_the_queue_is_refused_with_503_and_retry_after(serving):
     assert set(statuses) == {200, 503}, statuses
     refused = [(answer, headers) for status, answer, headers in answers if status == 503]
     answer, headers = refused[0]
-    assert refused  # not all 112 are in flight at once (18 to 30 refused in runs here)
+    assert refused  # not all 112 are in flight at once (18 and 32+ refused in two runs)
     assert headers.get("Retry-After") == "1"
     queue = serving.max_queue
     assert answer["error"] == (f"model translator is busy: {queue} requests are queued, "
