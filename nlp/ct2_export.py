@@ -5,9 +5,11 @@
 CTranslate2's spec API (``ctranslate2.specs.TransformerSpec``), a directory that
 ``ctranslate2.Translator`` loads, with this model's exact layout:
 
-* post-norm layers (``pre_norm=False``; a pre-norm model keeps its final LayerNorms);
+* post-norm layers (``pre_norm=False``; a pre-norm model such as NLLB keeps its final
+  LayerNorms);
 * the model's own positional table, stored whole (``position_encodings.encodings``): the
-  paper's interleaved sines and cosines or Marian's "concat" layout, positions from 0;
+  paper's interleaved sines and cosines, Marian's "concat" layout or M2M100's, row 0 being
+  the model's first position (0; NLLB: 2);
 * every LayerNorm's epsilon (``layer_norm_epsilon`` in its config), the embedding scale
   (√d or 1), the FFN activation;
 * one embedding for source, target and output, or separate ones (the output tied to the
@@ -18,7 +20,10 @@ CTranslate2's spec API (``ctranslate2.specs.TransformerSpec``), a directory that
 
 Beside ``model.bin`` and the vocabularies it copies the SentencePiece model(s) and writes
 ``settings.json`` (`SETTINGS_FILE`): the export's beam size, length penalty, length limit
-and convention, and the tokenizer's kind; `nlp.ct2_runtime` reads it to translate.
+and convention, and the tokenizer's kind; `nlp.ct2_runtime` reads it to translate. An NLLB
+model's vocabulary is its fairseq ids (language codes included, ``madeupwordN`` for rows
+without a token), and ``settings.json`` names its ``source_lang`` (the first source token)
+and ``target_lang`` (CTranslate2's ``target_prefix``, as its own M2M100 converter expects).
 What CTranslate2 cannot hold is refused by name (`ValueError`).
 """
 
@@ -168,6 +173,8 @@ def model_spec(model, source_tokens: list[str], target_tokens: list[str], start_
 def _vocabularies(directory: pathlib.Path) -> tuple[list[str], list[str], str]:
     """Source and target tokens (id order) of the tokenizer in ``directory``, and its kind."""
     from nlp.marian_tokenizer import MARIAN_FILES, TARGET_VOCAB
+    from nlp.nllb_tokenizer import INFO_FILE as NLLB_INFO
+    from nlp.nllb_tokenizer import NllbTokenizer
     from nlp.tokenizer import TOKENIZER_FILE
 
     if (directory / TOKENIZER_FILE).is_file():
@@ -183,6 +190,9 @@ def _vocabularies(directory: pathlib.Path) -> tuple[list[str], list[str], str]:
             vocab = json.loads(path.read_text(encoding="utf-8"))
             vocabs.append(sorted(vocab, key=vocab.get))
         return vocabs[0], vocabs[1], "marian"
+    if (directory / NLLB_INFO).is_file():
+        tokens = NllbTokenizer.from_directory(directory).tokens()
+        return tokens, tokens, "nllb"
     raise ValueError(f"{directory}: no tokenizer ({TOKENIZER_FILE}, or {', '.join(MARIAN_FILES)})")
 
 
@@ -210,6 +220,16 @@ def _decoding(directory: pathlib.Path) -> dict:
     defaults = {"convention": "gnmt", "renormalize": True}
     return {key: values.get(key, defaults.get(key)) for key in
             ("beam_size", "length_penalty", "extra_length", "convention", "renormalize")}
+
+
+def _languages(directory: pathlib.Path, kind: str) -> dict:
+    """An NLLB model's language pair: the source's first token and the target prefix."""
+    if kind != "nllb":
+        return {}
+    from nlp.nllb_tokenizer import INFO_FILE
+
+    info = json.loads((directory / INFO_FILE).read_text(encoding="utf-8"))
+    return {"source_lang": info["source_lang"], "target_lang": info["target_lang"]}
 
 
 def _check_precision(precision: str) -> str:
@@ -274,6 +294,7 @@ def write(model: pathlib.Path, out: pathlib.Path, precision: str,
     patience = PATIENCE[decoding["convention"]]
     settings = {"format": "ctranslate2", "precision": precision, "tokenizer": kind,
                 **decoding, "patience": patience, "special_tokens": special,
+                **_languages(directory, kind),
                 "max_source_length": keras_model.max_positions - decoding["extra_length"]
                 - SOURCE_LENGTH_MULTIPLE,
                 "source": str(directory.resolve())}
@@ -283,7 +304,9 @@ def write(model: pathlib.Path, out: pathlib.Path, precision: str,
         spec.validate()
         spec.optimize(quantization=quantization)
         spec.save(str(tmp))
-        names = _MARIAN_SPM if kind == "marian" else ("tokenizer.model",)
+        names = {"marian": _MARIAN_SPM,
+                 "nllb": ("sentencepiece.bpe.model", "nllb_tokenizer.json")}.get(
+                     kind, ("tokenizer.model",))
         for name in names:
             shutil.copyfile(directory / name, tmp / name)
         with open(tmp / SETTINGS_FILE, "w", encoding="utf-8") as f:

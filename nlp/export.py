@@ -18,7 +18,9 @@ tf.string → ``translation`` (N,) tf.string, and ``translate_nbest``: ``text`` 
 ``hypotheses`` (N, K) tf.string and ``scores`` (N, K) float32, the ``K = beam_size`` best
 hypotheses of the beam search, best first, with their length-penalized log-probabilities
 (the first is ``serving_default``'s translation); and ``translator.json``, which records the
-decoding settings, the signatures and the vocabulary size.
+decoding settings, the signatures and the vocabulary size (and an NLLB model's language pair,
+``source_lang`` and ``target_lang``: the tokenizer adds the source language, the search forces
+the target language, so clients send plain text).
 
 This module writes exports; `nlp.serving` reads them (`load_translator`, `Translator`,
 `read_info`) and defines the signature and file names.
@@ -33,6 +35,7 @@ from collections.abc import Callable
 import tensorflow as tf
 
 from nlp.decoding import DecodingSettings, search
+from nlp.nllb_tokenizer import language_pair
 from nlp.serving import (
     FORMAT_VERSION,
     GREEDY,
@@ -152,6 +155,7 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
         "output_key": OUTPUT_KEY,
         "vocab_size": tokenizer.vocab_size,
         "target_vocab_size": tokenizer.target_vocab_size,
+        **language_pair(tokenizer),
     }
 
 

@@ -44,8 +44,11 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         attention_dropout: dropout on attention weights (None: ``dropout``).
         activation: FFN activation.
         layer_norm_epsilon: every LayerNorm's epsilon.
-        position_layout: ``"interleaved"`` (the paper's sines and cosines) or ``"concat"``
-            (sines then cosines), `tfx_transformer.SinusoidalPositionEncoding`.
+        position_layout: ``"interleaved"`` (the paper's sines and cosines), ``"concat"``
+            (sines then cosines) or ``"tensor2tensor"`` (concat with M2M100's frequencies),
+            `tfx_transformer.SinusoidalPositionEncoding`.
+        position_offset: the position of the first token of source and target (M2M100 /
+            NLLB: 2, fairseq's ``padding_idx + 1``).
         scale_embedding: multiply token embeddings by √d.
         tie_output: without ``tie_embeddings``: project with the target embedding
             (transposed) instead of an own ``Dense`` layer.
@@ -94,6 +97,7 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         eos_id: int = EOS_ID,
         banned_ids: tuple[int, ...] | list[int] = (PAD_ID, BOS_ID, UNK_ID),
         source_pad_id: int | None = None,
+        position_offset: int = 0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -144,6 +148,7 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
         self.eos_id = eos_id
         self.banned_ids = tuple(int(i) for i in banned_ids)
         self.source_pad_id = pad_id if source_pad_id is None else source_pad_id
+        self.position_offset = position_offset
 
         policy = self.dtype_policy
         init = keras.initializers.RandomNormal(stddev=d_model**-0.5)
@@ -155,7 +160,7 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
             name="target_embedding",
         )
         self.positions = tt.SinusoidalPositionEncoding(max_positions, layout=position_layout,
-                                                       dtype=policy)
+                                                       offset=position_offset, dtype=policy)
         self.embedding_dropout = keras.layers.Dropout(dropout, dtype=policy)
         stack = dict(num_heads=num_heads, hidden_dim=ffn_dim, dropout=dropout,
                      attention_dropout=attention_dropout, activation_dropout=activation_dropout,
@@ -293,6 +298,7 @@ class Seq2SeqTransformer(OptimizerBuiltFirst, keras.Model):
             eos_id=self.eos_id,
             banned_ids=list(self.banned_ids),
             source_pad_id=None if self.source_pad_id == self.pad_id else self.source_pad_id,
+            position_offset=self.position_offset,
         )
         return config
 

@@ -1,10 +1,14 @@
 """A translation model directory: what `tfx-convert-nmt` writes and ``--init-from`` reads.
 
-Layout (a converted OPUS-MT model, or any ``Seq2SeqTransformer`` with its tokenizer)::
+Layout (a converted OPUS-MT or NLLB model, or any ``Seq2SeqTransformer`` with its
+tokenizer)::
 
     DIR/model.keras     the Keras model (``keras.saving.load_model`` after ``import nlp``)
-    DIR/model.json      how it decodes (`nlp.decoding.DecodingSettings`) and where it came from
-    DIR/source.spm, DIR/target.spm, DIR/vocab.json (Marian), or DIR/tokenizer.model
+    DIR/model.json      how it decodes (`nlp.decoding.DecodingSettings`; NLLB: the target
+                        language forced first) and where it came from
+    DIR/source.spm, DIR/target.spm, DIR/vocab.json (Marian), or
+    DIR/sentencepiece.bpe.model, DIR/nllb_tokenizer.json (NLLB, with its language pair), or
+    DIR/tokenizer.model
     DIR/export/         the translator SavedModel (`nlp.export.export_translator`)
 
 `write_model_dir` writes it into a temporary directory beside ``DIR`` and renames it into
@@ -25,6 +29,7 @@ import keras
 
 from nlp.decoding import DecodingSettings
 from nlp.export import export_translator
+from nlp.nllb_tokenizer import language_pair
 from nlp.tokenizer import load_tokenizer
 from tfx_transformer.training.workdir import NEW_DIR_MODE
 
@@ -53,7 +58,7 @@ def write_model_dir(path: str | os.PathLike, model, tokenizer, decoding: Decodin
         model.save(os.path.join(tmp, MODEL_FILE))
         files = tokenizer.save(tmp)
         info = {"source": source, "decoding": dataclasses.asdict(decoding),
-                "tokenizer_files": files}
+                "tokenizer_files": files, **language_pair(tokenizer)}
         with open(os.path.join(tmp, INFO_FILE), "w", encoding="utf-8") as f:
             json.dump(info, f, indent=2)
         export_translator(model, tokenizer, os.path.join(tmp, "export"), decoding)

@@ -86,9 +86,12 @@ def check_export_dir(path: str) -> None:
 
 
 def describe_export(path: str | os.PathLike) -> dict:
-    """What the server's page shows of a translator export (``beam_size``), read without
-    loading it (the ``translator`` entry of `tfx_transformer.applications.EXPORTS`)."""
-    return {"beam_size": read_info(path)["beam_size"]}
+    """What the server's page shows of a translator export (``beam_size``, and an NLLB
+    model's built-in ``source_lang`` and ``target_lang``), read without loading it (the
+    ``translator`` entry of `tfx_transformer.applications.EXPORTS`)."""
+    info = read_info(path)
+    return {"beam_size": info["beam_size"],
+            **{key: info[key] for key in ("source_lang", "target_lang") if key in info}}
 
 
 def read_info(path: str | os.PathLike) -> dict:

@@ -196,20 +196,26 @@ class Tokenizer(tf.Module):
 
 
 def load_tokenizer(directory: str | os.PathLike):
-    """The tokenizer of a model directory: ``tokenizer.model`` (`Tokenizer`), or an OPUS-MT
+    """The tokenizer of a model directory: ``tokenizer.model`` (`Tokenizer`), an OPUS-MT
     folder's ``source.spm``, ``target.spm`` and ``vocab.json``
-    (`nlp.marian_tokenizer.MarianTokenizer`).
+    (`nlp.marian_tokenizer.MarianTokenizer`), or a converted NLLB model's
+    ``sentencepiece.bpe.model`` and ``nllb_tokenizer.json``
+    (`nlp.nllb_tokenizer.NllbTokenizer`).
 
     Raises:
-        ValueError: ``directory`` holds neither; the message names what is missing.
+        ValueError: ``directory`` holds none; the message names what is missing.
     """
     from nlp.marian_tokenizer import MARIAN_FILES, MarianTokenizer
+    from nlp.nllb_tokenizer import INFO_FILE as NLLB_INFO
+    from nlp.nllb_tokenizer import NllbTokenizer
 
     directory = os.fspath(directory)
     path = os.path.join(directory, TOKENIZER_FILE)
     if os.path.isfile(path):
         return Tokenizer.from_file(path)
+    if os.path.exists(os.path.join(directory, NLLB_INFO)):
+        return NllbTokenizer.from_directory(directory)
     if any(os.path.exists(os.path.join(directory, name)) for name in MARIAN_FILES):
         return MarianTokenizer.from_directory(directory)
     raise ValueError(f"{directory} has no tokenizer: neither {TOKENIZER_FILE} nor "
-                     f"{', '.join(MARIAN_FILES)}")
+                     f"{', '.join(MARIAN_FILES)} nor {NLLB_INFO}")

@@ -15,7 +15,7 @@ __all__ = [
     "sine_features", "add_position",
 ]
 
-_LAYOUTS = ("interleaved", "concat")
+_LAYOUTS = ("interleaved", "concat", "tensor2tensor")
 
 
 def add_position(x: Any, pos: Any | None) -> Any:
@@ -40,12 +40,17 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     ``PE[p, 2i] = sin(p / 10000^(2i/d))`` and ``PE[p, 2i+1] = cos(p / 10000^(2i/d))``
     (``layout="interleaved"``, the paper). ``layout="concat"`` puts the ``d/2`` sines first
-    and the ``d/2`` cosines after (the TensorFlow tutorial's variant). Values are computed on
-    the fly, so nothing is stored.
+    and the ``d/2`` cosines after (the TensorFlow tutorial's variant).
+    ``layout="tensor2tensor"`` is concat with the frequencies spread as tensor2tensor's
+    timing signal spreads them, ``exp(-i · ln(10000) / (d/2 - 1))`` for ``i < d/2`` (the
+    slowest is exactly ``1/10000``): fairseq's and transformers' M2M100 / NLLB positions.
+    ``offset`` shifts every position: the first step is position ``offset`` (M2M100 starts
+    at its ``padding_idx + 1 = 2``). Values are computed on the fly, so nothing is stored.
 
     Args:
         max_length: longest sequence accepted.
-        layout: ``"interleaved"`` or ``"concat"``.
+        layout: ``"interleaved"``, ``"concat"`` or ``"tensor2tensor"``.
+        offset: the position of the first step (a non-negative integer).
         **kwargs: base layer arguments.
 
     Call arguments:
@@ -56,13 +61,15 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
         The encoding broadcast to the shape of ``inputs``, in the layer's compute dtype.
     """
 
-    def __init__(self, max_length: int = 2048, layout: str = "interleaved", **kwargs):
+    def __init__(self, max_length: int = 2048, layout: str = "interleaved", offset: int = 0,
+                 **kwargs):
         super().__init__(**kwargs)
         max_length = checks.positive_int("max_length", max_length)
         if layout not in _LAYOUTS:
             raise ValueError(f"`layout` must be one of {_LAYOUTS}. Received: layout={layout!r}")
         self.max_length = max_length
         self.layout = layout
+        self.offset = checks.non_negative_int("offset", offset)
 
     def call(self, inputs, start_index=0):
         shape = ops.shape(inputs)
@@ -73,9 +80,16 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
             raise ValueError(
                 f"Sequence length {length} exceeds `max_length`={self.max_length}."
             )
-        positions = ops.cast(ops.arange(shape[-2]) + start_index, "float32")  # (T,)
+        positions = ops.cast(ops.arange(shape[-2]) + start_index + self.offset,
+                             "float32")  # (T,)
         i = ops.arange(dim // 2, dtype="float32")  # (d/2,)
-        inv_freq = ops.exp(-math.log(10000.0) * 2.0 * i / dim)  # 1 / 10000^(2i/d)
+        if self.layout == "tensor2tensor":
+            if dim < 4:
+                raise ValueError(f"layout='tensor2tensor' needs a last dimension >= 4. "
+                                 f"Received: {dim}")
+            inv_freq = ops.exp(i * (-math.log(10000.0) / (dim // 2 - 1)))
+        else:
+            inv_freq = ops.exp(-math.log(10000.0) * 2.0 * i / dim)  # 1 / 10000^(2i/d)
         angles = positions[:, None] * inv_freq[None, :]  # (T, d/2)
         if self.layout == "interleaved":
             pe = ops.stack([ops.sin(angles), ops.cos(angles)], axis=-1)  # (T, d/2, 2)
@@ -89,7 +103,7 @@ class SinusoidalPositionEncoding(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(max_length=self.max_length, layout=self.layout)
+        config.update(max_length=self.max_length, layout=self.layout, offset=self.offset)
         return config
 
 
