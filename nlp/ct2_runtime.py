@@ -27,6 +27,11 @@ patience above 1 (`nlp.ct2_export.PATIENCE`, stored in ``settings.json``). With
 here are still normalized after the banned ids are removed. And CTranslate2 translates an
 empty source (eos alone) to an empty string without running the model, which a trained model
 does too, but not every model. ``benchmarks/README.md`` has how often translations differ.
+
+An NLLB-200 / M2M100 directory (``tokenizer`` ``nllb``) is run as CTranslate2's users run
+one: every source starts with its ``source_lang`` token and every translation with the
+``target_lang`` prefix (``target_prefix``), whose log-probability CTranslate2 leaves out and
+which counts in the length, as transformers' forced first token does.
 """
 
 from __future__ import annotations
@@ -58,26 +63,35 @@ def read_settings(path: str | os.PathLike) -> dict:
     return settings
 
 
+_FILES = {"marian": ("source.spm", "target.spm"), "nllb": ("sentencepiece.bpe.model",) * 2}
+
+
 class TextCodec:
     """Text to source pieces and target pieces to text, as the export's tokenizer does.
 
     Args:
         path: the CTranslate2 model directory (its SentencePiece model files).
         settings: its ``settings.json``: ``tokenizer`` (``sentencepiece``: this project's
-            ``tokenizer.model``; ``marian``: OPUS-MT's ``source.spm`` and ``target.spm``) and
+            ``tokenizer.model``; ``marian``: OPUS-MT's ``source.spm`` and ``target.spm``;
+            ``nllb``: NLLB's ``sentencepiece.bpe.model``, with ``source_lang``) and
             ``special_tokens``.
     """
 
     def __init__(self, path: str | os.PathLike, settings: dict):
         import sentencepiece as spm
 
-        self.marian = settings["tokenizer"] == "marian"
-        names = ("source.spm", "target.spm") if self.marian else ("tokenizer.model",) * 2
+        self.kind = settings["tokenizer"]
+        self.marian = self.kind == "marian"
+        names = _FILES.get(self.kind, ("tokenizer.model",) * 2)
         self.source_spm, self.target_spm = (
             spm.SentencePieceProcessor(model_file=os.path.join(os.fspath(path), name))
             for name in names)
         special = settings["special_tokens"]
         self.dropped = {special["eos"], special["unk"], *special["banned"]}
+        self.prefix = [settings["source_lang"]] if self.kind == "nllb" else []
+        if self.kind == "nllb":  # what NllbTokenizer.decode keeps: SentencePiece's pieces
+            self.pieces = {self.target_spm.id_to_piece(i)
+                           for i in range(3, self.target_spm.get_piece_size())}
 
     def tokenize(self, text: str) -> list[str]:
         """A source string → its pieces (no eos), as the export's tokenizer splits it."""
@@ -86,10 +100,19 @@ class TextCodec:
             found = _CODE.match(text)
             if found:
                 code, text = [found.group(0)], text[found.end():]
-        return code + self.source_spm.encode(text, out_type=str)
+        pieces = self.source_spm.encode(text, out_type=str)
+        # NLLB (`nlp.nllb_tokenizer`): a text whose normalized form ends in whitespace keeps
+        # it as one more piece; a letter after it would start a word of its own.
+        if self.kind == "nllb" and self.source_spm.normalize(f"a{text}x").endswith(_SPACE + "x"):
+            pieces.append(_SPACE)
+        return self.prefix + code + pieces
 
     def detokenize(self, tokens: list[str]) -> str:
-        """Target pieces → the string the export gives (without eos, pad and unk)."""
+        """Target pieces → the string the export gives (without eos, pad and unk; NLLB: and
+        without the language codes)."""
+        if self.kind == "nllb":
+            text = "".join(t for t in tokens if t in self.pieces).replace(_SPACE, " ")
+            return text[1:] if text.startswith(" ") else text
         if not self.marian:
             return self.target_spm.decode([self.target_spm.piece_to_id(t) for t in tokens])
         text = "".join(t for t in tokens if t not in self.dropped)
@@ -119,6 +142,8 @@ class Ct2Translator:
         special = self.settings["special_tokens"]
         self.eos, self.source_eos = special["eos"], special["source_eos"]
         self.banned = [[token] for token in special["banned"]]
+        target = self.settings.get("target_lang")
+        self.target_prefix = [target] if self.settings["tokenizer"] == "nllb" else []
 
     @property
     def beam_size(self) -> int:
@@ -172,7 +197,9 @@ class Ct2Translator:
                 continue
             outputs = self.translator.translate_batch(
                 batch, max_batch_size=batch_size, beam_size=beam, patience=self.patience,
-                num_hypotheses=candidates, length_penalty=lp_ct2, suppress_sequences=self.banned,
+                num_hypotheses=candidates, length_penalty=lp_ct2,
+                suppress_sequences=self.banned or None,
+                target_prefix=[self.target_prefix] * len(batch) if self.target_prefix else None,
                 return_end_token=True, return_scores=True, max_input_length=0,
                 max_decoding_length=limit - 1, min_decoding_length=0)
             for i, output in zip(indices, outputs):
