@@ -3,6 +3,15 @@
 
     python benchmarks/nmt_engines.py [--workdir runs/nmt_engines] [--sentences 500]
                                      [--repeats 3] [--batch-size 32] [--vocab-size 58101]
+                                     [--size base|tiny] [--engines ours,transformers,...]
+                                     [--modes beam,greedy] [--ours LABEL=EXPORT_DIR ...]
+
+``--size tiny`` builds the same folder in the project's tiny preset's dimensions (2+2 layers,
+d_model 128, 4 heads, ffn 512; Marian's swish; random weights with the eos bias); use it with
+``--pieces 2000 --vocab-size 0`` (no padding: the vocabulary is the two SentencePiece models'
+pieces). ``--ours LABEL=DIR`` adds a SavedModel written by another version of the search
+(``scripts/convert_nmt.py`` run at that version) as engine ``ours LABEL``, alternating with
+the others: the before/after ratio of a change to the search.
 
 Nothing is downloaded. Steps, each in its own process (transformers' modeling code never shares
 a process with TensorFlow):
@@ -54,6 +63,14 @@ from nmt_marian import ENV, PY, ROOT, Worker, machine, read_result
 STAGES = [PY, os.path.join(ROOT, "benchmarks", "marian_stages.py")]
 ENGINES = ("ours", "transformers", "ct2 float32", "ct2 int8")
 FILLER_BIAS = -30.0
+LAYOUTS = {  # OPUS-MT en-de's, and the project's tiny preset's dimensions in Marian's layout
+    "base": dict(encoder_layers=6, decoder_layers=6, d_model=512, encoder_attention_heads=8,
+                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                 activation_function="swish"),
+    "tiny": dict(encoder_layers=2, decoder_layers=2, d_model=128, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
+                 activation_function="swish"),
+}
 
 
 def stage_args(args) -> list:
@@ -65,8 +82,10 @@ def stage_args(args) -> list:
 # ------------------------------------------------------------------------------ stage build
 
 def stage_build(args) -> None:
-    """``marian_stages.stage_build`` with ``vocab.json`` padded to ``--vocab-size``."""
+    """``marian_stages.stage_build`` with ``vocab.json`` padded to ``--vocab-size`` (0: not
+    padded), in the tiny preset's dimensions with ``--size tiny``."""
     import torch
+    import transformers
 
     original = marian_stages.reference_module
     fillers = {}
@@ -77,7 +96,7 @@ def stage_build(args) -> None:
 
         def opus_vocab(middle):
             real = plain_vocab(middle)  # "</s>", "<unk>", pieces, "<pad>"
-            fillers["range"] = (len(real) - 1, args.vocab_size - 1)
+            fillers["range"] = (len(real) - 1, max(args.vocab_size, len(real)) - 1)
             extra = [f"▁unused{i}" for i in range(args.vocab_size - len(real))]
             return plain_vocab(list(middle) + extra)
 
@@ -94,6 +113,15 @@ def stage_build(args) -> None:
         return ref
 
     marian_stages.reference_module = padded_reference
+    # The layout, set on the config as the model is built (after marian_stages sets its own).
+    plain_init = transformers.MarianMTModel.__init__
+
+    def init(self, config, *rest, **kwargs):
+        for key, value in LAYOUTS[args.size].items():
+            setattr(config, key, value)
+        plain_init(self, config, *rest, **kwargs)
+
+    transformers.MarianMTModel.__init__ = init
     marian_stages.stage_build(args)
 
 
@@ -122,7 +150,8 @@ def worker_ours(args) -> None:
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (the export's ops)
 
-    export = tf.saved_model.load(os.path.join(args.workdir, "converted", "export"))
+    export = tf.saved_model.load(args.export or os.path.join(args.workdir, "converted",
+                                                             "export"))
     signatures = {"beam": export.signatures["serving_default"],
                   "greedy": export.signatures["greedy"]}
 
@@ -190,7 +219,8 @@ def prepare(args) -> dict:
     steps = [
         ("data", [*STAGES, "--stage", "data", *stage_args(args)], None),
         ("build", [PY, __file__, "--stage", "build", *stage_args(args),
-                   "--vocab-size", str(args.vocab_size)], f"{folder}/model.safetensors"),
+                   "--vocab-size", str(args.vocab_size), "--size", args.size],
+         f"{folder}/model.safetensors"),
         ("convert", [PY, "scripts/convert_nmt.py", folder, "--out", converted],
          f"{converted}/export/saved_model.pb"),
         ("ct2", [os.path.join(os.path.dirname(PY), "ct2-transformers-converter"), "--model",
@@ -214,8 +244,8 @@ def prepare(args) -> dict:
 
 
 class EngineWorker(Worker):
-    def __init__(self, stage, args, *extra):
-        log = open(os.path.join(args.workdir, f"{stage}{'_'.join(extra)}.log"), "w")
+    def __init__(self, name, stage, args, *extra):
+        log = open(os.path.join(args.workdir, f"{name.replace(' ', '_')}.log"), "w")
         self.proc = subprocess.Popen(
             [PY, __file__, "--stage", stage, *stage_args(args), *extra], cwd=ROOT, env=ENV,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -233,15 +263,21 @@ def main(args) -> None:
     started = time.time()
     os.makedirs(args.workdir, exist_ok=True)
     report = {"machine": machine(), "load_before": os.getloadavg(), **prepare(args)}
-    workers = {"ours": EngineWorker("ours", args),
-               "transformers": EngineWorker("theirs", args),
-               "ct2 float32": EngineWorker("ct2", args, "--compute-type", "float32"),
-               "ct2 int8": EngineWorker("ct2", args, "--compute-type", "int8")}
-    times = {(e, m): [] for e in ENGINES for m in ("beam", "greedy")}
+    starts = {"ours": ("ours",), "transformers": ("theirs",),
+              "ct2 float32": ("ct2", "--compute-type", "float32"),
+              "ct2 int8": ("ct2", "--compute-type", "int8")}
+    for label, export in (item.split("=", 1) for item in args.ours):
+        starts[f"ours {label}"] = ("ours", "--export", os.path.abspath(export))
+    engines = [e for e in args.engines.split(",") if e] + [f"ours {item.split('=')[0]}"
+                                                         for item in args.ours]
+    modes = args.modes.split(",")
+    workers = {engine: EngineWorker(engine, starts[engine][0], args, *starts[engine][1:])
+               for engine in engines}
+    times = {(e, m): [] for e in engines for m in modes}
     results = {}
     for repeat in range(args.repeats):
-        for mode in ("beam", "greedy"):
-            for engine in ENGINES:
+        for mode in modes:
+            for engine in engines:
                 results[engine, mode] = workers[engine].ask(mode)
                 times[engine, mode].append(results[engine, mode]["seconds"])
                 print(f"pass {repeat + 1}, {mode}, {engine}: "
@@ -249,14 +285,15 @@ def main(args) -> None:
     for worker in workers.values():
         worker.close()
     rows = []
-    for mode in ("beam", "greedy"):
-        for engine in ENGINES:
+    same_as = "transformers" if "transformers" in engines else engines[0]
+    for mode in modes:
+        for engine in engines:
             out = results[engine, mode]
             out["own_count"], out["tokens"] = out["tokens"], count_tokens(args,
                                                                           out["translations"])
-        reference = results["transformers", mode]["translations"]
-        base = statistics.median(times["ours", mode])
-        for engine in ENGINES:
+        reference = results[same_as, mode]["translations"]
+        base = statistics.median(times[engines[0], mode])
+        for engine in engines:
             seconds = statistics.median(times[engine, mode])
             out = results[engine, mode]
             rows.append({"mode": mode, "engine": engine, "seconds": round(seconds, 2),
@@ -266,12 +303,12 @@ def main(args) -> None:
                          "ours_time_over_this": round(base / seconds, 2),
                          "same_as_transformers": sum(a == b for a, b in
                                                      zip(out["translations"], reference))})
-    n = len(results["ours", "beam"]["translations"])
+    n = len(results[engines[0], modes[0]]["translations"])
     print(f"\nmachine: {report['machine']}; {n} sentences, median of {args.repeats} passes")
-    print("| decoding | engine | sentences/s | tokens/s | our time / its time | "
-          "same as transformers |\n|---|---|---:|---:|---:|---:|")
+    print(f"| decoding | engine | s | sentences/s | tokens/s | {engines[0]} time / its time | "
+          f"same as {same_as} |\n|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['mode']} | {r['engine']} | {r['sentences_per_s']:.2f} | "
+        print(f"| {r['mode']} | {r['engine']} | {r['seconds']:.2f} | {r['sentences_per_s']:.2f} | "
               f"{r['tokens_per_s']:.1f} | {r['ours_time_over_this']:.2f} | "
               f"{r['same_as_transformers']} / {n} |")
     report.update(rows=rows, times={f"{e}, {m}": t for (e, m), t in times.items()},
@@ -285,7 +322,14 @@ def parse(argv=None):
     parser.add_argument("--sentences", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--vocab-size", type=int, default=58101)
+    parser.add_argument("--vocab-size", type=int, default=58101,
+                        help="pad the vocabulary to this size (0: no padding)")
+    parser.add_argument("--size", choices=("base", "tiny"), default="base")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help="comma-separated, from: " + ", ".join(ENGINES))
+    parser.add_argument("--modes", default="beam,greedy")
+    parser.add_argument("--ours", action="append", default=[], metavar="LABEL=EXPORT_DIR",
+                        help="another SavedModel to time as engine 'ours LABEL'")
     parser.add_argument("--calibration-steps", type=int, default=6)
     parser.add_argument("--pieces", type=int, default=8000)
     for name, default in (("train-batch", 16), ("train-length", 32), ("train-steps", 10),
@@ -294,6 +338,7 @@ def parse(argv=None):
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--compute-type", default="float32", help=argparse.SUPPRESS)
     parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--export", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.workdir = os.path.abspath(args.workdir)
     return args

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+import keras
 from keras import ops
 
 NEG = -1e9  # "minus infinity" that keeps arithmetic finite; also the score of no hypothesis
@@ -23,19 +24,16 @@ def _penalty(length, length_penalty: float, convention: str = "gnmt"):
     return ops.power((5.0 + length) / 6.0, length_penalty)
 
 
-def _restrict(model, logits, step, limit, log_softmax_first: bool = False,
-              forced_bos_id: int | None = None):
-    """Forbids the model's ``banned_ids`` everywhere, and all but eos from a row's last step;
-    with ``forced_bos_id``, the first step (``step == 0``) may only give that id, at
-    log-probability 0 (transformers' ``forced_bos_token_id``: NLLB's target language).
+def _restrict(model, logits, step, limit, forced_bos_id: int | None = None):
+    """Forbids the model's ``banned_ids`` everywhere, and all but eos from a row's last step
+    (their logits become ``NEG``); with ``forced_bos_id``, the first step (``step == 0``) may
+    only give that id, at log-probability 0 (transformers' ``forced_bos_token_id``: NLLB's
+    target language).
 
-    ``logits`` ``(R, V)``; ``limit`` ``(R,)``: each row's most tokens, eos included. With
-    ``log_softmax_first`` the logits become log-probabilities over the whole vocabulary
-    before the bans, which are not renormalized (transformers' logits processors).
+    ``logits`` ``(R, V)`` (logits or log-probabilities); ``limit`` ``(R,)``: each row's most
+    tokens, eos included.
     """
     logits = ops.cast(logits, "float32")
-    if log_softmax_first:
-        logits = ops.log_softmax(logits, axis=-1)
     vocab = ops.arange(ops.shape(logits)[-1])
     banned = ops.zeros_like(vocab, "bool")
     for token in model.banned_ids:
@@ -47,6 +45,17 @@ def _restrict(model, logits, step, limit, log_softmax_first: bool = False,
         forced = ops.where(vocab == forced_bos_id, 0.0, NEG)[None, :]  # (1, V)
         logits = ops.where(ops.equal(step, 0), forced, logits)
     return logits
+
+
+def _log_probs(model, logits, step, limit, renormalize: bool, forced_bos_id=None):
+    """A step's log-probabilities ``(R, V)`` with `_restrict`'s restrictions, from one
+    log-softmax: over the ids that may be generated (``renormalize``; transformers'
+    normalize-ban-normalize is this, up to rounding), else over the whole vocabulary before
+    the bans (their share lost; transformers' ``renormalize_logits=False``)."""
+    if renormalize:
+        return ops.log_softmax(_restrict(model, logits, step, limit, forced_bos_id), axis=-1)
+    logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
+    return _restrict(model, logp, step, limit, forced_bos_id)
 
 
 def _minimum(a, b):
@@ -112,16 +121,42 @@ def _decode_step(model, tokens, index, caches, cross, memory_mask):
     return model.project(model.decoder.normalize(x))[:, 0], tuple(updated)
 
 
-def _cached_loop(cond, body, state, num_caches, first_width, max_length):
+def _while_loop(cond, body, state, shrinking=None):
+    """``ops.while_loop``; ``shrinking`` ``{position: axis}`` names the loop variables whose size
+    on that axis may change from step to step (TensorFlow: a ``None`` shape invariant there;
+    not for XLA, whose shapes are static)."""
+    if not shrinking:
+        return ops.while_loop(cond, body, state)
+    import tensorflow as tf
+
+    invariants = []
+    for position, x in enumerate(state):
+        shape = list(x.shape)
+        if position in shrinking:
+            shape[shrinking[position]] = None
+        invariants.append(tf.TensorShape(shape))
+    return tf.while_loop(cond, lambda *s: tuple(body(*s)), tuple(state),
+                         shape_invariants=tuple(invariants))
+
+
+def _drop_finished(drop_finished):
+    """``drop_finished`` as given, or by default: the TensorFlow backend (where a loop's
+    tensors may shrink; not with XLA: `nlp.decoding.compile_search` turns it off there)."""
+    if drop_finished is None:
+        return keras.backend.backend() == "tensorflow"
+    return bool(drop_finished)
+
+
+def _cached_loop(cond, body, state, num_caches, first_width, max_length, shrinking=None):
     """``ops.while_loop`` whose state ends with ``num_caches`` self-attention caches
     ``(2, R, H, W, D)``.
 
     Runs while ``cond(W, *state)`` with the caches ``first_width`` wide, then pads them with
     zeros to ``max_length`` and runs on while ``cond(max_length, *state)`` (no step at all
-    when the batch was decided within ``first_width``).
+    when the batch was decided within ``first_width``). ``shrinking``: see `_while_loop`.
     """
-    state = ops.while_loop(functools.partial(cond, first_width), body, state)
+    state = _while_loop(functools.partial(cond, first_width), body, state, shrinking)
     rest, caches = state[:-num_caches], state[-num_caches:]
     padding = [[0, 0], [0, 0], [0, 0], [0, max_length - first_width], [0, 0]]
     caches = tuple(ops.pad(cache, padding) for cache in caches)
-    return ops.while_loop(functools.partial(cond, max_length), body, (*rest, *caches))
+    return _while_loop(functools.partial(cond, max_length), body, (*rest, *caches), shrinking)

@@ -21,13 +21,18 @@ Conventions shared by both:
   a batch decodes past that. Every step rewrites the caches (beam search reorders them), so
   caches no wider than the translations are most of the speed; the tokens are the same, since
   positions not yet decoded are masked.
+* with the TensorFlow backend (not under XLA, whose shapes are static), a sentence's rows
+  leave the caches, the memory and the batch at the step that decides it
+  (``drop_finished``), so later steps compute only the open sentences, as CTranslate2 does;
+  beam search folds that into the gather that reorders its caches.
 
 Beam search keeps ``K = beam_size`` live hypotheses. Every step scores all ``K·V`` extensions
-by total log-probability; extensions ending in eos that rank in the top ``K`` become finished
-hypotheses, scored with the GNMT length penalty ``log p / ((5 + n) / 6) ** length_penalty``
-(``n`` tokens, eos included); the ``K`` best extensions not ending in eos stay live. The search
-stops for a sentence once no live hypothesis can beat its best finished one (``log p`` only
-falls, so ``log p / lp(limit)`` bounds it), or, for an n-best list (``nbest=True``), its
+by total log-probability (a top-``2K`` of each hypothesis's ``V``, then of those ``K·2K``);
+extensions ending in eos that rank in the top ``K`` become finished hypotheses, scored with the
+GNMT length penalty ``log p / ((5 + n) / 6) ** length_penalty`` (``n`` tokens, eos included);
+the ``K`` best extensions not ending in eos stay live. The search stops for a sentence once no
+live hypothesis can beat its best finished one (``log p`` only falls, so ``log p / lp(limit)``
+bounds it), or, for an n-best list (``nbest=True``), its
 ``K``-th best one. With ``beam_size=1`` and ``length_penalty=0`` this is exactly greedy
 search; with a beam at least as wide as the number of hypotheses it is exact.
 
@@ -36,7 +41,8 @@ search; with a beam at least as wide as the number of hypotheses it is exact.
 translates token for token as it did there: a finished hypothesis scores ``log p / n **
 length_penalty``; the log-probabilities are normalized over the whole vocabulary, then the
 banned ids are removed, then (``renormalize``, transformers' ``renormalize_logits``) they
-are normalized again; and a sentence
+are normalized again (one log-softmax over the allowed ids here: the same, up to rounding);
+and a sentence
 is done, its finished hypotheses frozen, once ``K`` have finished and the best live
 hypothesis's ``log p / n ** length_penalty`` at its current length ``n`` does not beat the
 ``K``-th (a heuristic: a longer live hypothesis may still have scored higher).
@@ -112,7 +118,8 @@ class DecodingSettings:
         return dataclasses.replace(self, beam_size=1)
 
 
-def search(model, source, settings: DecodingSettings, max_length=None, nbest: bool = False):
+def search(model, source, settings: DecodingSettings, max_length=None, nbest: bool = False,
+           drop_finished: bool | None = None):
     """Decodes ``source`` as ``settings`` say: beam search, or greedy for ``beam_size=1``.
 
     Args:
@@ -124,6 +131,8 @@ def search(model, source, settings: DecodingSettings, max_length=None, nbest: bo
         nbest: return the ``K = beam_size`` best hypotheses of every sentence and their
             scores (`beam_search` with ``nbest``; for ``beam_size=1`` the greedy translation
             with its score).
+        drop_finished: decode only the open sentences (`beam_search`); default: on with
+            TensorFlow, to be turned off under XLA.
 
     Returns:
         ``(B, N)`` int32 ids (``N = max_length`` or ``S + extra_length``); with ``nbest``,
@@ -137,18 +146,20 @@ def search(model, source, settings: DecodingSettings, max_length=None, nbest: bo
                            length_penalty=settings.length_penalty, max_length=max_length,
                            extra_length=settings.extra_length, nbest=nbest,
                            convention=settings.convention, renormalize=settings.renormalize,
-                           forced_bos_id=settings.forced_bos_id)
+                           forced_bos_id=settings.forced_bos_id,
+                           drop_finished=drop_finished)
     if nbest:
         ids, scores = greedy_search(model, source, max_length=max_length,
                                     extra_length=settings.extra_length, return_scores=True,
                                     length_penalty=settings.length_penalty,
                                     convention=settings.convention,
                                     renormalize=settings.renormalize,
-                                    forced_bos_id=settings.forced_bos_id)
+                                    forced_bos_id=settings.forced_bos_id,
+                                    drop_finished=drop_finished)
         return ids[:, None], scores[:, None]
     return greedy_search(model, source, max_length=max_length,
                          extra_length=settings.extra_length,
-                         forced_bos_id=settings.forced_bos_id)
+                         forced_bos_id=settings.forced_bos_id, drop_finished=drop_finished)
 
 
 def compile_search(model, method: str = "beam", jit_compile: bool = False, **kwargs):
@@ -158,7 +169,8 @@ def compile_search(model, method: str = "beam", jit_compile: bool = False, **kwa
         model: a ``Seq2SeqTransformer``.
         method: ``"beam"``, ``"beam_uncached"``, ``"greedy"`` or ``"greedy_uncached"``.
         jit_compile: compile with XLA (TensorFlow backend; JAX always compiles). The uncached
-            searches cannot be: their prefix grows.
+            searches cannot be: their prefix grows. The cached ones then keep finished
+            sentences in the batch (``drop_finished=False``: XLA's shapes are static).
         **kwargs: passed to the search (``beam_size``, ``length_penalty``, ``extra_length``,
             ``max_length``, ``nbest``...).
     """
@@ -167,6 +179,8 @@ def compile_search(model, method: str = "beam", jit_compile: bool = False, **kwa
     if method not in searches:
         raise ValueError(f"`method` must be one of {sorted(searches)}. Received: {method!r}")
     fn = searches[method]
+    if method in ("beam", "greedy") and (jit_compile or keras.backend.backend() == "jax"):
+        kwargs = {"drop_finished": False, **kwargs}
 
     def run(source):
         return fn(model, source, **kwargs)

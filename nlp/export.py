@@ -98,8 +98,9 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
             f"({decoding.extra_length}). Received: max_source_length={max_source_length}"
         )
 
-    def run_search(source):
-        return search(model, source, decoding, nbest=nbest)
+    def run_search(source):  # XLA: finished sentences stay in the batch (static shapes)
+        return search(model, source, decoding, nbest=nbest,
+                      drop_finished=False if jit_compile else None)
 
     if jit_compile:
         run_search = tf.function(run_search, jit_compile=True, reduce_retracing=True)
@@ -147,6 +148,7 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
         "extra_length": decoding.extra_length,
         "convention": decoding.convention,
         "renormalize": decoding.renormalize,
+        "forced_bos_id": decoding.forced_bos_id,
         "signatures": {SERVING: {"beam_size": decoding.beam_size},
                        GREEDY: {"beam_size": 1},
                        NBEST: {"beam_size": decoding.beam_size,

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from nlp import decode_steps, decoding
+from nlp import beam, decode_steps, decoding
 from nlp.decoding import DecodingSettings
 from nlp.model import Seq2SeqTransformer
 from nlp.special_ids import BOS_ID, EOS_ID
@@ -361,3 +361,21 @@ def test_nbest_lists_hold_k_finished_hypotheses_even_when_the_best_is_found_at_o
         for hypothesis, score in zip(hypotheses, row_scores):
             np.testing.assert_allclose(score, _rescore(model, source, hypothesis, 0.6, extra),
                                        rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("beam_size, vocab_size", [(3, 40), (4, 5)])
+def test_per_hypothesis_top_k_is_the_global_top_k_ties_included(beam_size, vocab_size):
+    # Integer log-probabilities tie often; a dead hypothesis (NEG) and a vocabulary narrower
+    # than 2K are the edge cases. The reference: one stable sort of all K·V extensions.
+    rng = np.random.default_rng(0)
+    batch = 6
+    logp = -rng.integers(0, 4, (batch * beam_size, vocab_size)).astype("float32")
+    alive = -rng.integers(0, 3, (batch, beam_size)).astype("float32")
+    alive[0, 1:] = decode_steps.NEG
+    score, parent, token = (np.asarray(x) for x in beam._best_extensions(
+        keras.ops.convert_to_tensor(alive), keras.ops.convert_to_tensor(logp), beam_size))
+    flat = (alive[..., None] + logp.reshape(batch, beam_size, vocab_size)).reshape(batch, -1)
+    order = np.argsort(-flat, axis=1, kind="stable")[:, :2 * beam_size]
+    np.testing.assert_array_equal(score, np.take_along_axis(flat, order, axis=1))
+    np.testing.assert_array_equal(parent, order // vocab_size)
+    np.testing.assert_array_equal(token, order % vocab_size)
