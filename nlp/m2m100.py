@@ -30,14 +30,13 @@ without ``</s>``. Where no hypothesis reaches the limit, the two translate alike
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
 import numpy as np
 
 from nlp.decoding import DecodingSettings
-from nlp.marian import ACTIVATIONS, GENERATION_READ, check_fields, read_weights
+from nlp.marian import ACTIVATIONS, GENERATION_READ, check_fields, read_json, read_weights
 from nlp.model import Seq2SeqTransformer
 
 __all__ = ["MODEL_FIELDS", "m2m100_settings", "read_m2m100", "set_weights"]
@@ -60,17 +59,6 @@ _FIXED = {"encoder_layerdrop": 0.0, "decoder_layerdrop": 0.0, "tie_word_embeddin
           "add_final_layer_norm": True, "normalize_embedding": False, "add_bias_logits": False,
           "static_position_embeddings": True}
 _READ = (MODEL_FIELDS - set(_FIXED)) | GENERATION_READ
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not readable JSON ({error})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: must be a JSON object")
-    return value
 
 
 def _check_folder(folder: str) -> None:
@@ -156,7 +144,7 @@ def _added_tokens(folder: str, config: dict) -> dict[int, str]:
     """The added tokens of an NLLB folder past the four specials (id → token: the language
     codes and ``<mask>``), from tokenizer_config.json or tokenizer.json."""
     path = os.path.join(folder, "tokenizer_config.json")
-    settings = _read_json(path) if os.path.isfile(path) else {}
+    settings = read_json(path) if os.path.isfile(path) else {}
     for file, name in ((path, settings.get("tokenizer_class")),
                        ("config.json", config.get("tokenizer_class"))):
         if name not in (None, "NllbTokenizer", "NllbTokenizerFast"):
@@ -170,7 +158,7 @@ def _added_tokens(folder: str, config: dict) -> dict[int, str]:
     json_path = os.path.join(folder, "tokenizer.json")
     if os.path.isfile(json_path):
         found[json_path] = [(t.get("id"), t.get("content")) for t in
-                            _read_json(json_path).get("added_tokens") or [] if isinstance(t, dict)]
+                            read_json(json_path).get("added_tokens") or [] if isinstance(t, dict)]
     try:
         found = {source: {int(i): str(t) for i, t in entries}
                  for source, entries in found.items() if entries}
@@ -309,9 +297,9 @@ def read_m2m100(folder: str | os.PathLike, source_lang: str | None = None,
     """
     folder = os.fspath(folder)
     _check_folder(folder)
-    config = _read_json(os.path.join(folder, "config.json"))
+    config = read_json(os.path.join(folder, "config.json"))
     generation_path = os.path.join(folder, "generation_config.json")
-    generation = _read_json(generation_path) if os.path.isfile(generation_path) else {}
+    generation = read_json(generation_path) if os.path.isfile(generation_path) else {}
     kwargs, decoding = m2m100_settings(config, generation)
     from nlp.nllb_tokenizer import SPM_FILE, NllbTokenizer
 

@@ -32,7 +32,8 @@ import numpy as np
 from nlp.decoding import DecodingSettings
 from nlp.model import Seq2SeqTransformer
 
-__all__ = ["ACTIVATIONS", "marian_settings", "read_marian", "read_weights", "set_weights"]
+__all__ = ["ACTIVATIONS", "check_fields", "marian_settings", "read_json", "read_marian",
+           "read_weights", "set_weights"]
 
 # transformers' activation names → Keras's (the same functions).
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",
@@ -98,7 +99,8 @@ GENERATION_NO_EFFECT = {"_from_model_config", "transformers_version", "use_cache
 _READ = (MODEL_FIELDS - set(_FIXED)) | GENERATION_READ
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+    """A JSON object file of a model folder (ValueError naming the file otherwise)."""
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
@@ -361,9 +363,9 @@ def read_marian(folder: str | os.PathLike, log=print):
     """
     folder = os.fspath(folder)
     _check_folder(folder)
-    config = _read_json(os.path.join(folder, "config.json"))
+    config = read_json(os.path.join(folder, "config.json"))
     generation_path = os.path.join(folder, "generation_config.json")
-    generation = _read_json(generation_path) if os.path.isfile(generation_path) else {}
+    generation = read_json(generation_path) if os.path.isfile(generation_path) else {}
     generation = {k: v for k, v in generation.items() if k != "transformers_version"}
     kwargs, decoding = marian_settings(config, generation)
     from nlp.marian_tokenizer import MarianTokenizer
