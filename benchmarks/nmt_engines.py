@@ -286,12 +286,14 @@ def main(args) -> None:
         worker.close()
     rows = []
     same_as = "transformers" if "transformers" in engines else engines[0]
+    ours = next(e for e in engines if e.startswith("ours"))
     for mode in modes:
         for engine in engines:
             out = results[engine, mode]
             out["own_count"], out["tokens"] = out["tokens"], count_tokens(args,
                                                                           out["translations"])
         reference = results[same_as, mode]["translations"]
+        our_texts = results[ours, mode]["translations"]  # a change to the search keeps them
         base = statistics.median(times[engines[0], mode])
         for engine in engines:
             seconds = statistics.median(times[engine, mode])
@@ -302,7 +304,9 @@ def main(args) -> None:
                          "tokens_per_s": round(out["tokens"] / seconds, 1),
                          "ours_time_over_this": round(base / seconds, 2),
                          "same_as_transformers": sum(a == b for a, b in
-                                                     zip(out["translations"], reference))})
+                                                     zip(out["translations"], reference)),
+                         f"same_as_{ours}": sum(a == b for a, b in
+                                                zip(out["translations"], our_texts))})
     n = len(results[engines[0], modes[0]]["translations"])
     print(f"\nmachine: {report['machine']}; {n} sentences, median of {args.repeats} passes")
     print(f"| decoding | engine | s | sentences/s | tokens/s | {engines[0]} time / its time | "

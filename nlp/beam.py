@@ -125,7 +125,8 @@ def _beam(model, source, beam_size, length_penalty, max_length, extra_length, re
                     cache):
         """One step of ``R`` sentences' search; also returns each new live one's parent."""
         logits, cache = step(i, alive_seq, rows, cache)
-        logp = _log_probs(model, logits, i, rows[0], renormalize, forced_bos_id)  # (R·K, V)
+        logp = _log_probs(model, logits, i, rows[0], renormalize, forced_bos_id,
+                          convention)  # (R·K, V)
         best, best_parent, best_token = _best_extensions(alive_logp, logp, beam_size)
 
         def extend(position):  # (R, K) positions in the 2K best

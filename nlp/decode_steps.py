@@ -47,15 +47,19 @@ def _restrict(model, logits, step, limit, forced_bos_id: int | None = None):
     return logits
 
 
-def _log_probs(model, logits, step, limit, renormalize: bool, forced_bos_id=None):
-    """A step's log-probabilities ``(R, V)`` with `_restrict`'s restrictions, from one
-    log-softmax: over the ids that may be generated (``renormalize``; transformers'
-    normalize-ban-normalize is this, up to rounding), else over the whole vocabulary before
-    the bans (their share lost; transformers' ``renormalize_logits=False``)."""
-    if renormalize:
+def _log_probs(model, logits, step, limit, renormalize: bool, forced_bos_id=None,
+               convention: str = "gnmt"):
+    """A step's log-probabilities ``(R, V)`` with `_restrict`'s restrictions: normalized over
+    the ids that may be generated (``renormalize``), else over the whole vocabulary before the
+    bans (their share lost; transformers' ``renormalize_logits=False``). One log-softmax,
+    except for transformers' convention with ``renormalize``: normalize, ban, normalize again,
+    its arithmetic kept bit for bit (one log-softmax over the allowed ids is the same up to
+    rounding, and that rounding changed 1 of 100 beam translations of a base-size model)."""
+    if renormalize and convention != "transformers":
         return ops.log_softmax(_restrict(model, logits, step, limit, forced_bos_id), axis=-1)
     logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-    return _restrict(model, logp, step, limit, forced_bos_id)
+    logp = _restrict(model, logp, step, limit, forced_bos_id)
+    return ops.log_softmax(logp, axis=-1) if renormalize else logp
 
 
 def _minimum(a, b):

@@ -41,8 +41,8 @@ search; with a beam at least as wide as the number of hypotheses it is exact.
 translates token for token as it did there: a finished hypothesis scores ``log p / n **
 length_penalty``; the log-probabilities are normalized over the whole vocabulary, then the
 banned ids are removed, then (``renormalize``, transformers' ``renormalize_logits``) they
-are normalized again (one log-softmax over the allowed ids here: the same, up to rounding);
-and a sentence
+are normalized again (bit for bit: one log-softmax over the allowed ids, the same up to
+rounding, changed a translation); and a sentence
 is done, its finished hypotheses frozen, once ``K`` have finished and the best live
 hypothesis's ``log p / n ** length_penalty`` at its current length ``n`` does not beat the
 ``K``-th (a heuristic: a longer live hypothesis may still have scored higher).

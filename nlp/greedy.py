@@ -71,7 +71,8 @@ def greedy_search(model, source, max_length=None, extra_length: int = 50,
                                   axis=-1), "int32")
         chosen = 0.0
         if return_scores:
-            step_logp = _log_probs(model, logits, i, row_limit, renormalize, forced_bos_id)
+            step_logp = _log_probs(model, logits, i, row_limit, renormalize, forced_bos_id,
+                                   convention)
             chosen = ops.take_along_axis(step_logp, nxt[:, None], axis=1)[:, 0]
         return nxt, chosen, caches
 
