@@ -61,7 +61,7 @@ def main(workdir: str) -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
-    config = ref.marian_config(True, size["vocab"], size["vocab"])
+    config = ref.marian_config("shared", size["vocab"], size["vocab"])
     config.d_model = size["d"]
     config.encoder_layers = config.decoder_layers = size["layers"]
     config.encoder_ffn_dim = config.decoder_ffn_dim = size["ffn"]

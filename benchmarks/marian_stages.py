@@ -95,7 +95,7 @@ def stage_build(args) -> None:
                    {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
     spm_seconds = time.time() - started
 
-    config = ref.marian_config(True, len(vocab), len(vocab))
+    config = ref.marian_config("shared", len(vocab), len(vocab))
     config.d_model, config.encoder_ffn_dim, config.decoder_ffn_dim = 512, 2048, 2048
     model = transformers.MarianMTModel(config).eval()
     ref.randomize(model, ref.SCALES["shared"])
