@@ -132,8 +132,8 @@ def test_a_flood_beyond_the_queue_is_refused_with_503_and_retry_after(serving):
     assert refused  # not all 112 are in flight at once (18 and 32+ refused in two runs)
     assert headers.get("Retry-After") == "1"
     queue = serving.max_queue
-    assert answer["error"] == (f"model translator is busy: {queue} requests are queued, "
-                               f"the server's limit (--max-queue {queue}); retry after 1 s")
+    assert answer["error"] == (f"model translator is busy: its queue is full (--max-queue "
+                               f"{queue}); retry after 1 s")
     translations = {json.dumps(answer) for status, answer, _ in answers if status == 200}
     assert len(translations) == 1  # every admitted request got the same, right answer
     assert serving.post(T, {"instances": ["Good morning."]})[0] == 200  # and it goes on

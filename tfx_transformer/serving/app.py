@@ -152,10 +152,9 @@ async def answer_within(response, timeout_s: float, name: str):
         response.cancel()
         raise
     except BackPressureError as error:
-        queued, limit = error.args[:2]
-        raise RestError(f"model {name} is busy: {queued} requests are queued, the server's "
-                        f"limit (--max-queue {limit}); retry after {RETRY_AFTER_S} s",
-                        503) from None
+        limit = error.args[1]  # its count of queued requests may pass the limit by a few
+        raise RestError(f"model {name} is busy: its queue is full (--max-queue {limit}); "
+                        f"retry after {RETRY_AFTER_S} s", 503) from None
 
 
 api = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
