@@ -3,11 +3,12 @@ table of ``nmt_engines.py`` and the NMT base and DETR r50 train steps.
 
 * Engines: ``gpu_torch.py`` (a torch process) builds ``nmt_engines.py``'s base OPUS-MT-layout
   ``MarianMTModel`` (random weights, 58,101 ids, eos bias set so that translations are as long
-  as their sources); ``nlp.marian``'s ``marian_settings``/``read_weights``/``set_weights`` read
-  it into our ``Seq2SeqTransformer``. 512 sources of random ids (Zipf, lognormal lengths of
-  median 20) sorted by length, batches of 32, then 128: our ``beam_search`` (beam 4,
-  transformers' convention) and ``greedy_search`` by ``compile_search`` (``jax.jit``; sources
-  padded to a multiple of 16, an executable per width, compiled in parallel and timed apart)
+  as their sources); ``nlp.hf_config.read_weights`` and ``nlp.marian``'s
+  ``marian_settings``/``set_weights`` read it into our ``Seq2SeqTransformer``. 512 sources of
+  random ids (Zipf, lognormal lengths of median 20) sorted by length, batches of 32, then
+  128: our ``beam_search`` (beam 4, transformers' convention) and ``greedy_search`` by
+  ``compile_search`` (``jax.jit``; sources padded to a multiple of 16, an executable per width,
+  compiled in parallel and timed apart)
   against transformers' ``generate`` (num_beams 4 / 1, ``max_new_tokens`` 50 + the longest
   source) on torch CUDA; float32 both (JAX's matmuls at ``--precision``, torch without TF32).
   Warm-up, 3 passes alternating the engines, medians; agreement: translations whose ids equal
@@ -71,11 +72,12 @@ def marian_model(folder: str):
         with open(os.path.join(folder, name), encoding="utf-8") as f:
             return {k: v for k, v in json.load(f).items() if k != "transformers_version"}
 
+    import nlp.hf_config as hf_config
     import nlp.marian as marian
 
     kwargs, decoding = marian.marian_settings(read("config.json"), read("generation_config.json"))
     model = Seq2SeqTransformer(**kwargs, source_pad_id=kwargs["pad_id"])  # one vocabulary
-    marian.set_weights(model, marian.read_weights(folder))
+    marian.set_weights(model, hf_config.read_weights(folder))
     return model, dict(beam_size=4, length_penalty=decoding.length_penalty,
                        convention=decoding.convention, renormalize=decoding.renormalize)
 

@@ -18,7 +18,7 @@ over the non-pad ids: the same for every real token of a right-padded batch); re
 epsilon 1e-5; one embedding for source, target and output (``lm_head`` tied to ``shared``), no
 logits bias; decoding from ``</s>``, the target language forced first. A config field that
 changes any of this and is not implemented is refused by name and file; bookkeeping is
-accepted (`nlp.marian.check_fields`).
+accepted (`nlp.hf_config.check_fields`).
 
 One difference remains, at a sentence's length limit (source length + ``extra_length`` tokens
 here, ``max_length`` there): the search's last step may only give ``</s>``, at
@@ -36,12 +36,12 @@ import os
 import numpy as np
 
 from nlp.decoding import DecodingSettings
-from nlp.marian import ACTIVATIONS, GENERATION_READ, check_fields, read_json, read_weights
+from nlp.hf_config import GENERATION_READ, WEIGHT_FILES, check_fields, read_json, read_weights
+from nlp.marian import ACTIVATIONS
 from nlp.model import Seq2SeqTransformer
 
 __all__ = ["MODEL_FIELDS", "m2m100_settings", "read_m2m100", "set_weights"]
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Every field modeling_m2m_100.py reads from its config, and tie_word_embeddings (read by
 # PreTrainedModel): each is read below or has its one value (tests check the set against the
 # installed source).

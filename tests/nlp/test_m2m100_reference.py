@@ -37,8 +37,8 @@ import keras  # noqa: E402
 import tfx_transformer as tt  # noqa: E402
 from nlp import m2m100  # noqa: E402
 from nlp.decoding import DecodingSettings, search  # noqa: E402
+from nlp.hf_config import read_weights  # noqa: E402
 from nlp.m2m100 import read_m2m100  # noqa: E402
-from nlp.marian import read_weights  # noqa: E402
 from nlp.model_dir import read_model_dir  # noqa: E402
 
 _REFERENCE = os.path.join(os.path.dirname(__file__), "reference_m2m100.py")

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from nlp import marian
+from nlp import hf_config, marian
 
 if not importlib.util.find_spec("transformers"):
     pytest.skip("transformers is not installed (make test installs it)", allow_module_level=True)
@@ -31,11 +31,12 @@ def test_every_generation_setting_is_read_without_effect_or_at_transformers_defa
     from transformers import GenerationConfig
 
     fields = GenerationConfig().to_dict()
-    known = marian.GENERATION_READ | marian.GENERATION_NO_EFFECT | set(marian.GENERATION_DEFAULTS)
+    known = (hf_config.GENERATION_READ | hf_config.GENERATION_NO_EFFECT
+             | set(hf_config.GENERATION_DEFAULTS))
     assert set(fields) <= known, sorted(set(fields) - known)
     # What generate uses for a field left unset (None in the file).
     effective = {**fields, **GenerationConfig._get_default_generation_params()}
-    for field, value in marian.GENERATION_DEFAULTS.items():
+    for field, value in hf_config.GENERATION_DEFAULTS.items():
         got = effective.get(field)
         assert got == value or (got is None and value is False), field  # None: a switch off
 
