@@ -22,12 +22,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from tfx_transformer.serving.images import pixel_problem
+from tfx_transformer.serving.limits import Limits, RestError, check_json
 
 __all__ = ["Limits", "PredictRequest", "RestError", "SignatureSpec", "TensorSpec",
            "check_json", "format_response", "parse_predict"]
@@ -40,35 +40,6 @@ _DTYPES = {
     "DT_HALF": np.float16, "DT_INT8": np.int8, "DT_INT16": np.int16, "DT_INT32": np.int32,
     "DT_INT64": np.int64, "DT_UINT8": np.uint8, "DT_UINT16": np.uint16,
 }
-
-
-class RestError(Exception):
-    """A request the server refuses: ``status`` (HTTP code) and ``message`` (the body's error)."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one request may hold (None: no limit); each is a flag of ``tfx-serve``.
-
-    Attributes:
-        max_string_bytes: the longest text (a JSON string, not ``{"b64": ...}``) of an
-            instance, in UTF-8 bytes (``--max-string-bytes``).
-        max_json_depth: the deepest nesting of JSON arrays and objects (``--max-json-depth``).
-        max_json_values: the most JSON values (numbers, strings, arrays...) in the body
-            (``--max-json-values``).
-        max_image_pixels: the most pixels (width x height, read from the header) of an
-            encoded image sent as ``{"b64": ...}`` (``--max-image-pixels``).
-    """
-
-    max_string_bytes: int | None = None
-    max_json_depth: int | None = None
-    max_json_values: int | None = None
-    max_image_pixels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,39 +87,6 @@ class PredictRequest:
         return PredictRequest(self.signature_name,
                               {k: v[start:stop] for k, v in self.inputs.items()},
                               self.row_format)
-
-
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-
-
-def check_json(body: bytes, max_depth: int | None, max_values: int | None) -> None:
-    """Refuses a body nested deeper than ``max_depth`` or holding more than ``max_values``
-    JSON values, before it is parsed (Python's parser recurses once per level and builds an
-    object per value). Counted on the bytes, strings left out: values are at most the commas
-    plus the arrays and objects plus one.
-
-    Raises:
-        RestError: 400 naming the depth or the count, the limit and its flag.
-    """
-    if max_depth is None and max_values is None:
-        return
-    skeleton = _STRING.sub(b'""', body)
-    brackets = skeleton.translate(None, _NOT_BRACKETS)
-    opened = brackets.count(b"[") + brackets.count(b"{")
-    if max_depth is not None and opened > max_depth:
-        depth = deepest = 0
-        for start in range(0, len(brackets), 1 << 20):  # 4 MiB of int32 steps at a time
-            steps = np.frombuffer(brackets, np.uint8, min(1 << 20, len(brackets) - start), start)
-            levels = np.cumsum(np.where(steps % 4 == 3, 1, -1), dtype=np.int32) + depth
-            deepest, depth = max(deepest, int(levels.max())), int(levels[-1])
-        if deepest > max_depth:  # "[" is 0x5B and "{" 0x7B: 3 modulo 4; "]", "}": 1
-            raise RestError(f"the request's JSON is nested {deepest:,} levels deep, deeper "
-                            f"than the server's limit of {max_depth} (--max-json-depth)")
-    values = skeleton.count(b",") + opened + 1
-    if max_values is not None and values > max_values:
-        raise RestError(f"the request's JSON holds about {values:,} values, more than the "
-                        f"server's limit of {max_values:,} (--max-json-values)")
 
 
 def parse_predict(body: bytes, signatures: dict[str, SignatureSpec],
