@@ -62,67 +62,10 @@ from nmt_marian import ENV, PY, ROOT, Worker, machine, read_result
 
 STAGES = [PY, os.path.join(ROOT, "benchmarks", "marian_stages.py")]
 ENGINES = ("ours", "transformers", "ct2 float32", "ct2 int8")
-FILLER_BIAS = -30.0
-LAYOUTS = {  # OPUS-MT en-de's, and the project's tiny preset's dimensions in Marian's layout
-    "base": dict(encoder_layers=6, decoder_layers=6, d_model=512, encoder_attention_heads=8,
-                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
-                 activation_function="swish"),
-    "tiny": dict(encoder_layers=2, decoder_layers=2, d_model=128, encoder_attention_heads=4,
-                 decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
-                 activation_function="swish"),
-}
-
-
 def stage_args(args) -> list:
     return ["--workdir", args.workdir, "--sentences", str(args.sentences),
             "--batch-size", str(args.batch_size), "--pieces", str(args.pieces),
             "--calibration-steps", str(args.calibration_steps)]
-
-
-# ------------------------------------------------------------------------------ stage build
-
-def stage_build(args) -> None:
-    """``marian_stages.stage_build`` with ``vocab.json`` padded to ``--vocab-size`` (0: not
-    padded), in the tiny preset's dimensions with ``--size tiny``."""
-    import torch
-    import transformers
-
-    original = marian_stages.reference_module
-    fillers = {}
-
-    def padded_reference():
-        ref = original()
-        plain_vocab, plain_randomize = ref.opus_vocab, ref.randomize
-
-        def opus_vocab(middle):
-            real = plain_vocab(middle)  # "</s>", "<unk>", pieces, "<pad>"
-            fillers["range"] = (len(real) - 1, max(args.vocab_size, len(real)) - 1)
-            extra = [f"▁unused{i}" for i in range(args.vocab_size - len(real))]
-            return plain_vocab(list(middle) + extra)
-
-        def randomize(model, scales):
-            plain_randomize(model, scales)
-            first, last = fillers["range"]
-            with torch.no_grad():
-                model.final_logits_bias[0, first:last] = FILLER_BIAS
-                # OPUS-MT's pad row (the decoder start) is zeros, and CTranslate2 relies on it:
-                # its Marian models start from a zero embedding and drop <pad>.
-                model.get_input_embeddings().weight[model.config.pad_token_id] = 0.0
-
-        ref.opus_vocab, ref.randomize = opus_vocab, randomize
-        return ref
-
-    marian_stages.reference_module = padded_reference
-    # The layout, set on the config as the model is built (after marian_stages sets its own).
-    plain_init = transformers.MarianMTModel.__init__
-
-    def init(self, config, *rest, **kwargs):
-        for key, value in LAYOUTS[args.size].items():
-            setattr(config, key, value)
-        plain_init(self, config, *rest, **kwargs)
-
-    transformers.MarianMTModel.__init__ = init
-    marian_stages.stage_build(args)
 
 
 # ---------------------------------------------------------------------------------- workers
@@ -353,5 +296,5 @@ if __name__ == "__main__":
     if ARGS.stage is None:
         main(ARGS)
     else:
-        {"build": stage_build, "ours": worker_ours, "theirs": worker_theirs,
+        {"build": marian_stages.stage_build_padded, "ours": worker_ours, "theirs": worker_theirs,
          "ct2": worker_ct2}[ARGS.stage](ARGS)
