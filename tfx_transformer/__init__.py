@@ -30,6 +30,7 @@ LAYER_NAMES = (
     "FeedForward",
     "LearnedPositionEmbedding",
     "MultiHeadAttention",
+    "MultiScaleDeformableAttention",
     "SinePositionEmbedding2D",
     "SinusoidalPositionEncoding",
     "TransformerDecoder",
@@ -51,6 +52,7 @@ __all__ = [*LAYER_NAMES, *_SCHEDULES]
 # What `keras.saving.load_model` may meet in a saved file, by the module that registers it.
 register_lazily({f"tfx_transformer>{name}": f"tfx_transformer.{module}" for module, names in {
     "layers.attention": ("MultiHeadAttention",),
+    "layers.deformable_attention": ("MultiScaleDeformableAttention",),
     "layers.feedforward": ("FeedForward",),
     "layers.position": ("LearnedPositionEmbedding", "SinePositionEmbedding2D",
                         "SinusoidalPositionEncoding"),

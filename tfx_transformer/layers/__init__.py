@@ -9,6 +9,7 @@ Nothing here imports TensorFlow (a test fails on any such import); training plum
 from tfx_transformer import LAYER_NAMES
 from tfx_transformer.layers.attention import MultiHeadAttention
 from tfx_transformer.layers.decoder import TransformerDecoder, TransformerDecoderLayer
+from tfx_transformer.layers.deformable_attention import MultiScaleDeformableAttention
 from tfx_transformer.layers.dot_product import scaled_dot_product_attention
 from tfx_transformer.layers.encoder import TransformerEncoder, TransformerEncoderLayer
 from tfx_transformer.layers.feedforward import FeedForward
