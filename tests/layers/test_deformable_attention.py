@@ -209,6 +209,29 @@ def test_transformers_deformable_attention_at_random_weights(transformers_cases,
     assert np.abs(swapped - arrays["output"]).max() > 1e-2
 
 
+def test_spatial_shapes_may_be_tensors_of_a_traced_image_size():
+    import tensorflow as tf
+
+    rng = np.random.default_rng(5)
+    layer = tt.MultiScaleDeformableAttention(num_heads=2, num_levels=2, num_points=[2, 1])
+    inputs = [rng.normal(size=(2, 3, 8)), rng.normal(size=(2, LENGTH, 8)),
+              rng.uniform(-0.2, 1.2, size=(2, 3, 2, 2))]
+    inputs = [x.astype("float32") for x in inputs]
+    layer(*inputs, spatial_shapes=SHAPES)
+    for weight in layer.weights:
+        weight.assign(rng.normal(size=weight.shape) * 0.5)
+    want = np.asarray(layer(*inputs, spatial_shapes=SHAPES).output)
+
+    @tf.function(input_signature=[tf.TensorSpec((None, None, 8)), tf.TensorSpec((None, None, 8)),
+                                  tf.TensorSpec((None, None, 2, 2)),
+                                  tf.TensorSpec((2, 2), tf.int32)])
+    def traced(q, v, r, shapes):
+        return layer(q, v, r, spatial_shapes=[(shapes[i, 0], shapes[i, 1]) for i in (0, 1)]).output
+
+    got = traced(*inputs, np.array(SHAPES, "int32"))
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
 def test_initial_offsets_point_each_head_its_own_way():
     layer = tt.MultiScaleDeformableAttention(num_heads=4, num_levels=2, num_points=[2, 1])
     layer(np.zeros((1, 1, 8), "float32"), np.zeros((1, LENGTH, 8), "float32"),

@@ -85,8 +85,8 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
             ``S = sum(H_l * W_l)``.
         reference_points: ``(B, Q, 2)`` points or ``(B, Q, 4)`` boxes, normalized to
             ``[0, 1]``; or ``(B, Q, L, c)`` / ``(B, Q, 1, c)``, one per level.
-        spatial_shapes: keyword-only, the levels' ``(H_l, W_l)``, Python ints (static
-            shapes).
+        spatial_shapes: keyword-only, the levels' ``(H_l, W_l)``: Python ints, or scalar int
+            tensors where a traced function's image size is not static.
         value_mask: boolean ``(B, S)``, ``True`` = valid; invalid values count as zero.
         return_attention_scores: also return the attention weights.
 
@@ -160,18 +160,21 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
             self.output_proj = self._dense(d_model, "output_proj")
             self.output_proj.build((*query_shape[:-1], d_model))
 
-    def _check_shapes(self, value, reference_points, spatial_shapes) -> list[tuple[int, int]]:
+    def _point_table(self, value, reference_points, spatial_shapes):
+        """Checks the inputs; returns each point's level ``(height, width)`` float32 and its
+        level's first row in ``value``, int32, each ``(P,)``: constants when the shapes are
+        Python ints, tensors when they are scalar tensors (a traced image size)."""
         shapes = [tuple(s) for s in spatial_shapes]
-        if len(shapes) != self.num_levels or any(
-            len(s) != 2 or not all(isinstance(n, (int, np.integer)) and n > 0 for n in s)
-            for s in shapes
+        static = all(isinstance(n, (int, np.integer)) for s in shapes for n in s)
+        if len(shapes) != self.num_levels or any(len(s) != 2 for s in shapes) or (
+            static and any(n <= 0 for s in shapes for n in s)
         ):
             raise ValueError(
                 f"`spatial_shapes` must be {self.num_levels} pairs (height, width) of positive "
-                f"Python ints. Received: spatial_shapes={spatial_shapes}"
+                f"ints or scalar int tensors. Received: spatial_shapes={spatial_shapes}"
             )
-        length = sum(h * w for h, w in shapes)
-        if value.shape[1] is not None and value.shape[1] != length:
+        length = sum(h * w for h, w in shapes) if static else None
+        if length is not None and value.shape[1] is not None and value.shape[1] != length:
             raise ValueError(
                 "`value` must hold sum(height * width) of `spatial_shapes` positions. Received: "
                 f"value.shape={tuple(value.shape)}, spatial_shapes={shapes} ({length} positions)"
@@ -184,9 +187,17 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
                 "`reference_points` must have shape (B, Q, 2|4) or (B, Q, 1|num_levels, 2|4). "
                 f"Received: shape={tuple(reference_points.shape)}"
             )
-        return [(int(h), int(w)) for h, w in shapes]
+        if static:
+            table = np.array(shapes, "int32")  # (L, 2)
+            areas = table[:, 0] * table[:, 1]
+            starts = (np.cumsum(areas) - areas)[self._levels]
+            return table[self._levels].astype("float32"), starts.astype("int32")
+        table = ops.stack([ops.cast(ops.stack(s), "int32") for s in shapes])  # (L, 2)
+        areas = table[:, 0] * table[:, 1]
+        starts = ops.take(ops.cumsum(areas) - areas, self._levels, axis=0)
+        return ops.cast(ops.take(table, self._levels, axis=0), "float32"), starts
 
-    def _locations(self, offsets, reference_points, shapes):
+    def _locations(self, offsets, reference_points, sizes):
         """``(B, Q, H, P, 2)`` float32 sampling locations, normalized to ``[0, 1]``."""
         ref = ops.cast(reference_points, "float32")
         if len(ref.shape) == 3:
@@ -195,17 +206,14 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
             ref = ops.take(ref, self._levels, axis=2)  # (B, Q, P, c): each point's level
         ref = ops.expand_dims(ref, 2)  # (B, Q, 1, P or 1, c)
         if ref.shape[-1] == 2:
-            sizes = np.array([shapes[level][::-1] for level in self._levels], "float32")  # (P, 2)
-            return ref + offsets / sizes
+            return ref + offsets / ops.flip(sizes, axis=-1)  # sizes (P, 2): (height, width)
         scale = np.array([[1.0 / self._points[level]] for level in self._levels], "float32")
         return ref[..., :2] + offsets * scale * ref[..., 2:] * self.offset_scale
 
-    def _corners(self, locations, shapes):
+    def _corners(self, locations, sizes, starts):
         """The gather rows within a batch item and head, ``(B, Q, H, P, K)`` int32 (``K`` = 4
         neighbours, or 1 for ``"discrete"``), and their float32 weights of the same shape."""
-        heights = np.array([shapes[level][0] for level in self._levels], "float32")  # (P,)
-        widths = np.array([shapes[level][1] for level in self._levels], "float32")
-        starts = np.cumsum([0] + [h * w for h, w in shapes])[self._levels].astype("int32")
+        heights, widths = sizes[:, 0], sizes[:, 1]  # (P,)
         x, y = locations[..., 0] * widths, locations[..., 1] * heights  # (B, Q, H, P)
         if self.method == "discrete":
             xs = ops.clip(ops.floor(x + 0.5), 0.0, widths - 1.0)[..., None]  # (B, Q, H, P, 1)
@@ -228,7 +236,7 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
             weights = ops.where(inside, weights, ops.zeros_like(weights))
             xs, ys = ops.clip(xs, 0.0, w - 1.0), ops.clip(ys, 0.0, h - 1.0)
         xs, ys = ops.cast(xs, "int32"), ops.cast(ys, "int32")
-        rows = starts[:, None] + ys * widths.astype("int32")[:, None] + xs
+        rows = starts[:, None] + ys * ops.cast(widths, "int32")[:, None] + xs
         return rows, weights
 
     def call(
@@ -242,9 +250,9 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
         return_attention_scores: bool = False,
         training=None,
     ):
-        shapes = self._check_shapes(value, reference_points, spatial_shapes)
+        sizes, starts = self._point_table(value, reference_points, spatial_shapes)
         heads, points = self.num_heads, sum(self._points)
-        batch, queries, length = ops.shape(query)[0], ops.shape(query)[1], value.shape[1]
+        batch, queries, length = ops.shape(query)[0], ops.shape(query)[1], ops.shape(value)[1]
         if self.use_projections:
             value = self.value_proj(value)
         if value_mask is not None:
@@ -256,8 +264,8 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
         logits = ops.cast(self.attention_weights(query), "float32")
         attention = ops.softmax(ops.reshape(logits, (batch, queries, heads, points)), axis=-1)
 
-        locations = self._locations(offsets, reference_points, shapes)
-        rows, weights = self._corners(locations, shapes)  # (B, Q, H, P, K)
+        locations = self._locations(offsets, reference_points, sizes)
+        rows, weights = self._corners(locations, sizes, starts)  # (B, Q, H, P, K)
         weights = weights * attention[..., None]
         # value (B, S, H, D) row-major as (B * S * H, D): row (b * S + s) * H + h
         base = ops.arange(batch, dtype="int32")[:, None, None, None, None] * (length * heads)
