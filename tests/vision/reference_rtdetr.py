@@ -1,0 +1,155 @@
+"""transformers' RT-DETR of random tiny weights, saved as transformers saves it, and its outputs.
+
+``python reference_rtdetr.py FOLDER`` writes
+
+- FOLDER/rtdetr/: ``save_pretrained`` of a tiny ``RTDetrForObjectDetection`` (``config.json``
+  + ``model.safetensors``, the layout of ``PekingU/rtdetr_r50vd``): an RTDetrResNet-vd
+  bottleneck backbone (16-channel stem, stages of 32-256 channels, 1-2 blocks), hidden size
+  32, 4 heads, CSPRep blocks at ``hidden_expansion`` 0.5 (so that their third convolution
+  exists), 4 feature levels (one made by the extra stride-2 convolution), 10 queries,
+  2 decoder layers, 5 classes;
+- FOLDER/basic/ and FOLDER/downsample/: two backbones alone (``RTDetrResNetBackbone``): the
+  basic blocks of R18/R34-vd, and bottlenecks with ``downsample_in_bottleneck`` and
+  ``downsample_in_first_stage`` set;
+- FOLDER/expected.npz: the input ``images`` ``(B, H, W, 3)`` (NHWC, as the Keras model takes
+  them), then, in eval mode: ``backbone_i`` and ``encoder_i`` (each level's backbone and hybrid
+  encoder output, NHWC), ``enc_outputs_class``, ``enc_outputs_coord_logits``,
+  ``enc_topk_logits``, ``enc_topk_bboxes``, ``init_reference_points``, ``logits``,
+  ``pred_boxes``, ``intermediate_logits``, ``intermediate_reference_points``, the
+  post-processed detections of ``RTDetrImageProcessorPil.post_process_object_detection``
+  (``threshold``, ``target_sizes``; ``det_scores``/``det_labels``/``det_boxes`` padded with
+  ``det_count`` per image) and ``basic_i`` / ``downsample_i`` for the two backbones; also
+  ``topk_margin``: the smallest gap between the selected queries' scores and the best one
+  left out (a reference too close to a tie would make the top-k selection flaky).
+
+Every BatchNorm's scale, shift and running statistics and every LayerNorm's weights are
+randomized, and every convolution and linear layer is drawn again at the scale of its fan-in
+(transformers draws them at 0.01, or constant: the deformable attention's offsets and weights,
+the last layer of each box head), so that each of them must be converted and the features stay
+near 1 in size. Runs without TensorFlow (a process of its own: transformers' PyTorch modeling
+code and TensorFlow in one process crash).
+"""
+
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+CONFIG = dict(encoder_hidden_dim=32, encoder_in_channels=[64, 128, 256], d_model=32,
+              encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+              decoder_attention_heads=4, num_queries=10, decoder_layers=2, decoder_n_points=2,
+              num_feature_levels=4, hidden_expansion=0.5, decoder_in_channels=[32, 32, 32],
+              id2label={i: name for i, name in enumerate(
+                  ("cat", "dog", "bird", "fish", "horse"))})
+BACKBONE = dict(embedding_size=16, hidden_sizes=[32, 64, 128, 256], depths=[1, 2, 1, 1],
+                out_indices=[2, 3, 4])
+VARIANTS = {"basic": dict(layer_type="basic", hidden_sizes=[16, 32, 64, 128]),
+            "downsample": dict(downsample_in_bottleneck=True, downsample_in_first_stage=True)}
+IMAGES = (2, 64, 96)  # batch, height, width: multiples of 32, as RT-DETR's FPN needs
+SEED = 3  # the first seed whose top-k margins (see `margin`) exceed 5e-4 with torch 2.x
+
+
+def randomize(model: torch.nn.Module, backbone_only: bool = False) -> None:
+    """Random norms (statistics included) and no constant weights."""
+    with torch.no_grad():
+        for path, module in model.named_modules():
+            name = type(module).__name__
+            # He (fan-in) in the backbone (ReLU), 1 / sqrt(fan-in) after it (the CSP blocks
+            # add three branches): features near 1 in size.
+            gain = 2.0 if backbone_only or ".backbone." in f".{path}" else 1.0
+            if "BatchNorm" in name:
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0.0, 0.1)
+                module.running_mean.normal_(0.0, 0.1)
+                module.running_var.uniform_(0.5, 1.5)
+            elif isinstance(module, torch.nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0.0, 0.1)
+            elif isinstance(module, torch.nn.Conv2d):
+                module.weight.normal_(0.0, (gain / module.weight[0].numel()) ** 0.5)
+            elif isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, module.in_features ** -0.5)
+                if module.bias is not None and torch.all(module.bias == 0):
+                    module.bias.normal_(0.0, 0.1)
+
+
+def nhwc(x: torch.Tensor) -> np.ndarray:
+    return x.permute(0, 2, 3, 1).numpy()
+
+
+def backbone_variant(folder: str, name: str, pixels: torch.Tensor, out: dict) -> None:
+    config = transformers.RTDetrResNetConfig(**{**BACKBONE, **VARIANTS[name]})
+    backbone = transformers.RTDetrResNetBackbone(config).eval()
+    randomize(backbone, backbone_only=True)
+    backbone.save_pretrained(f"{folder}/{name}")
+    with torch.no_grad():
+        for i, feature in enumerate(backbone(pixels).feature_maps):
+            out[f"{name}_{i}"] = nhwc(feature)
+
+
+def margin(scores: np.ndarray, k: int) -> float:
+    """The smallest gap among the ``k + 1`` largest of each row of ``scores``: what keeps a
+    top-``k`` selection and its order from depending on rounding."""
+    ordered = -np.sort(-scores, axis=-1)[..., :k + 1]
+    return float((ordered[..., :-1] - ordered[..., 1:]).min())
+
+
+def run(seed: int, pixels: torch.Tensor):
+    """The model of seed ``seed``, its outputs on ``pixels`` and the smallest top-k margin."""
+    torch.manual_seed(seed)
+    config = transformers.RTDetrConfig(
+        backbone_config=transformers.RTDetrResNetConfig(**BACKBONE), **CONFIG)
+    model = transformers.RTDetrForObjectDetection(config).eval()
+    randomize(model)
+    with torch.no_grad():
+        result = model(pixel_values=pixels)
+    queries = CONFIG["num_queries"]
+    smallest = min(margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
+                   margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries))
+    return model, result, smallest
+
+
+def main(folder: str) -> None:
+    torch.manual_seed(0)
+    batch, height, width = IMAGES
+    pixels = torch.randn(batch, 3, height, width)
+    model, result, smallest = run(SEED, pixels)
+    model.save_pretrained(f"{folder}/rtdetr")
+    out = {"images": nhwc(pixels), "topk_margin": np.float32(smallest)}
+    with torch.no_grad():
+        for i, feature in enumerate(model.model.backbone.model(pixels).feature_maps):
+            out[f"backbone_{i}"] = nhwc(feature)
+    for i, level in enumerate(result.encoder_last_hidden_state):
+        out[f"encoder_{i}"] = nhwc(level)
+    for key in ("enc_outputs_class", "enc_outputs_coord_logits", "enc_topk_logits",
+                "enc_topk_bboxes", "init_reference_points", "logits", "pred_boxes",
+                "intermediate_logits", "intermediate_reference_points"):
+        out[key] = getattr(result, key).numpy()
+
+    from transformers import RTDetrImageProcessorPil
+
+    sizes = [(480, 640), (300, 200)]
+    top = -np.sort(-torch.sigmoid(result.logits).flatten(1).numpy(), axis=1)  # (B, Q * C)
+    threshold = float(top[0, 4:6].mean())  # the first image keeps 5 of its 10 detections
+    detections = RTDetrImageProcessorPil().post_process_object_detection(
+        result, threshold=threshold, target_sizes=sizes)
+    count = max(len(d["scores"]) for d in detections)
+    out.update(threshold=np.float32(threshold), target_sizes=np.array(sizes, "int32"),
+               det_count=np.array([len(d["scores"]) for d in detections], "int32"),
+               det_scores=np.zeros((batch, count), "float32"),
+               det_labels=np.zeros((batch, count), "int32"),
+               det_boxes=np.zeros((batch, count, 4), "float32"))
+    for i, d in enumerate(detections):
+        n = len(d["scores"])
+        out["det_scores"][i, :n] = d["scores"].numpy()
+        out["det_labels"][i, :n] = d["labels"].numpy()
+        out["det_boxes"][i, :n] = d["boxes"].numpy()
+
+    for name in VARIANTS:
+        backbone_variant(folder, name, pixels, out)
+    np.savez(f"{folder}/expected.npz", **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

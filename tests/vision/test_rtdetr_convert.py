@@ -1,0 +1,155 @@
+"""RT-DETR folders of transformers (``RTDetrForObjectDetection``: config.json +
+model.safetensors) converted by `vision.rtdetr_convert`, against transformers' own outputs.
+
+reference_rtdetr.py (its own process: transformers' PyTorch modeling code and TensorFlow in one
+process crash) saves a tiny RT-DETR of random weights, every BatchNorm statistic randomized,
+and two backbones alone (basic blocks; bottlenecks with ``downsample_in_bottleneck`` and
+``downsample_in_first_stage``), with their outputs on two 64x96 images. Needs the
+``[reference]`` extra (torch, transformers)."""
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vision import rtdetr_config, rtdetr_convert
+from vision.modeling.rtdetr_backbone import RTDetrResNetBackbone, transformers_arrays
+
+if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+    pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
+                "is not installed", allow_module_level=True)
+
+# One worker runs them all: the reference is made once (a module fixture is per worker).
+pytestmark = pytest.mark.xdist_group("rtdetr_reference")
+
+_REFERENCE = os.path.join(os.path.dirname(__file__), "reference_rtdetr.py")
+# |ours - transformers'| <= ATOL + RTOL * |transformers'|: the feature maps reach 80 (float32
+# rounding of 1e-7 relative per operation).
+ATOL, RTOL = 1e-4, 1e-5
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """(folder, expected arrays) of reference_rtdetr.py."""
+    folder = tmp_path_factory.mktemp("rtdetr")
+    subprocess.run([sys.executable, _REFERENCE, str(folder)], check=True,
+                   env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    expected = dict(np.load(folder / "expected.npz"))
+    # The top-k selections must not hang on rounding: the reference keeps clear of ties.
+    assert expected["topk_margin"] > 5e-4
+    return folder, expected
+
+
+@pytest.fixture(scope="module")
+def selection_model(reference):
+    folder, _ = reference
+    return rtdetr_convert.load_rtdetr(folder / "rtdetr", with_decoder=False)
+
+
+def _close(actual, expected, what):
+    np.testing.assert_allclose(np.asarray(actual), expected, atol=ATOL, rtol=RTOL, err_msg=what)
+
+
+@pytest.mark.parametrize("variant", ["basic", "downsample"])
+def test_basic_and_downsampling_backbones_give_transformers_feature_maps(reference, variant):
+    folder, expected = reference
+    config = json.loads((folder / variant / "config.json").read_text())
+    backbone = RTDetrResNetBackbone(**rtdetr_config.backbone_settings(config),
+                                    name="backbone")
+    backbone.build((None, None, None, 3))
+    from safetensors.numpy import load_file
+
+    arrays = dict(transformers_arrays(load_file(folder / variant / "model.safetensors")))
+    weights = {v.path.split("/", 1)[1]: v for v in backbone.weights}
+    assert sorted(weights) == sorted(arrays)
+    for key, variable in weights.items():
+        variable.assign(arrays[key])
+    for i, feature in enumerate(backbone(expected["images"])):
+        _close(feature, expected[f"{variant}_{i}"], f"{variant} level {i}")
+
+
+def test_backbone_encoder_and_query_selection_give_transformers_outputs(reference,
+                                                                       selection_model):
+    _, expected = reference
+    model, images = selection_model, expected["images"]
+    features = model.backbone(images)
+    for i, feature in enumerate(features):
+        _close(feature, expected[f"backbone_{i}"], f"backbone level {i}")
+    for i, level in enumerate(model.encoder(features)):
+        _close(level, expected[f"encoder_{i}"], f"hybrid encoder level {i}")
+    selection = model.select_queries(images)
+    for ours, theirs in (("enc_logits", "enc_outputs_class"),
+                         ("enc_box_logits", "enc_outputs_coord_logits"),
+                         ("topk_logits", "enc_topk_logits"),
+                         ("reference_logits", "init_reference_points")):
+        _close(getattr(selection, ours), expected[theirs], ours)
+    assert [tuple(int(n) for n in s) for s in selection.spatial_shapes] == \
+        [(8, 12), (4, 6), (2, 3), (1, 2)]  # the fourth: the extra stride-2 level
+    assert selection.memory.shape == (2, 8 * 12 + 4 * 6 + 2 * 3 + 2, 32)
+
+
+def test_transformers_5_in_memory_names_read_as_the_saved_ones(reference, tmp_path):
+    folder, _ = reference
+    from safetensors.numpy import load_file, save_file
+
+    state = load_file(folder / "rtdetr" / "model.safetensors")
+    renamed = {}
+    for name, array in state.items():
+        name = name.replace(".out_proj.", ".o_proj.").replace(".fc1.", ".mlp.fc1.")
+        renamed[re.sub(r"encoder\.encoder\.(\d+)\.layers", r"encoder.aifi.\1.layers",
+                       name)] = array
+    assert renamed.keys() != state.keys()
+    (tmp_path / "v5").mkdir()
+    shutil.copy(folder / "rtdetr" / "config.json", tmp_path / "v5")
+    save_file(renamed, str(tmp_path / "v5" / "model.safetensors"))
+    saved = rtdetr_convert.read_rtdetr(folder / "rtdetr", with_decoder=False)
+    in_memory = rtdetr_convert.read_rtdetr(tmp_path / "v5", with_decoder=False)
+    assert sorted(saved.arrays) == sorted(in_memory.arrays)
+    for key, array in saved.arrays.items():
+        np.testing.assert_array_equal(in_memory.arrays[key], array, err_msg=key)
+    assert saved.class_names == ("cat", "dog", "bird", "fish", "horse")
+    assert saved.category_ids is None
+
+
+def test_every_field_rt_detr_modeling_reads_is_read_fixed_or_training_only():
+    # The installed source as text: importing the PyTorch modeling code here would crash.
+    package = importlib.util.find_spec("transformers").submodule_search_locations[0]
+    folder = os.path.join(package, "models", "rt_detr")
+    for module, fields in (("modeling_rt_detr.py", rtdetr_config.MODEL_FIELDS),
+                           ("modeling_rt_detr_resnet.py", rtdetr_config.BACKBONE_FIELDS)):
+        with open(os.path.join(folder, module), encoding="utf-8") as f:
+            read = set(re.findall(r"config\.([a-z][a-z_0-9]*)", f.read()))
+        assert read, "no config field found: the pattern no longer fits the source"
+        assert read <= fields, sorted(read - fields)
+    every = rtdetr_config.MODEL_FIELDS | rtdetr_config.BACKBONE_FIELDS
+    assert every <= (rtdetr_config._READ | rtdetr_config._TRAINING
+                     | set(rtdetr_config._FIXED))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("eval_size", [640, 640], "config.json: eval_size=[640, 640] is not supported"),
+    ("normalize_before", True, "config.json: normalize_before=True is not supported"),
+    ("learn_initial_query", True, "learn_initial_query=True is not supported"),
+    ("use_timm_backbone", True, "use_timm_backbone=True is not supported"),
+    ("decoder_activation_function", "gelu_new", "decoder_activation_function='gelu_new' is "
+                                                "not supported"),
+    ("encoder_in_channels", [8, 16, 32], "differs from the backbone's channels"),
+])
+def test_fields_that_change_the_computation_are_refused_naming_the_file(field, value,
+                                                                        message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        rtdetr_config.rtdetr_settings({"model_type": "rt_detr", field: value})
+    # Bookkeeping and training-only fields are accepted.
+    rtdetr_config.rtdetr_settings({"model_type": "rt_detr", "matcher_alpha": 0.5,
+                                    "num_denoising": 0, "architectures": ["x"]})
+
+
+def test_a_backbone_other_than_rtdetr_resnet_is_refused():
+    with pytest.raises(ValueError, match=r"backbone_config\): model_type='hgnet_v2' is not"):
+        rtdetr_config.rtdetr_settings({"backbone_config": {"model_type": "hgnet_v2"}})

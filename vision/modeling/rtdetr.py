@@ -1,0 +1,248 @@
+"""RT-DETR: ResNet-vd backbone -> hybrid encoder -> query selection -> deformable decoder.
+
+As transformers' ``RTDetrForObjectDetection`` computes it in eval mode (lyuwenyu/RT-DETR):
+
+1. the backbone (`vision.modeling.rtdetr_backbone`) gives three maps (strides 8, 16, 32);
+2. the hybrid encoder (`vision.modeling.hybrid_encoder`) projects them to ``hidden_dim``,
+   runs AIFI on the coarsest and fuses them (FPN + PAN);
+3. decoder input projections: a 1x1 convolution + BatchNorm per level to ``d_model``, and for
+   each level beyond the encoder's a 3x3 stride-2 convolution + BatchNorm of the encoder's
+   last map (transformers applies every extra one to that map);
+4. query selection ("encoder output head"): the maps are flattened (level after level,
+   row-major) into the memory; every cell has an anchor box (its centre, side ``0.05 *
+   2^level``) in logit space, ``float32`` max where it is not inside ``(0.01, 0.99)`` (and
+   that cell's memory is zeroed); ``enc_output`` (Dense + LayerNorm) then the class head and
+   the box head (an MLP whose output is added to the anchor) score every cell; the
+   ``num_queries`` cells of highest class logit (max over classes) give the decoder's queries
+   (their ``enc_output`` features) and reference boxes (their box logits);
+5. the decoder (`vision.modeling.rtdetr_decoder`) refines the boxes layer by layer; its last
+   layer's class logits and boxes are the model's outputs.
+
+The classes are scored with sigmoids (focal loss): ``num_classes`` logits, no "no object"
+column. Padding masks are not used (transformers' RT-DETR has none in inference either);
+denoising queries are a training matter and are off here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import keras
+from keras import ops
+
+from vision.modeling.box_ops import box_cxcywh_to_xyxy
+from vision.modeling.heads import MLP
+from vision.modeling.hybrid_encoder import ConvNorm
+
+__all__ = ["QuerySelection", "RTDetr", "anchors", "rtdetr_postprocess"]
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+class QuerySelection(NamedTuple):
+    """What `RTDetr.select_queries` gives the decoder (``S`` cells over all levels).
+
+    Attributes:
+        memory: ``(B, S, d)`` the flattened decoder input maps.
+        spatial_shapes: ``[(h, w)]`` per level.
+        enc_logits: ``(B, S, C)`` every cell's class logits.
+        enc_box_logits: ``(B, S, 4)`` every cell's box, cxcywh in logit space (anchor added).
+        target: ``(B, Q, d)`` the selected cells' ``enc_output`` features (the queries).
+        reference_logits: ``(B, Q, 4)`` their boxes in logit space (``init_reference_points``).
+        topk_logits: ``(B, Q, C)`` their class logits.
+    """
+
+    memory: Any
+    spatial_shapes: list
+    enc_logits: Any
+    enc_box_logits: Any
+    target: Any
+    reference_logits: Any
+    topk_logits: Any
+
+
+def anchors(spatial_shapes, grid_size: float = 0.05, eps: float = 1e-2):
+    """RT-DETR's anchor of every cell, in logit space: ``(1, S, 4)`` cxcywh, and ``(1, S, 1)``
+    whether it lies inside ``(eps, 1 - eps)``; outside anchors hold ``float32`` max (as
+    transformers' ``generate_anchors``)."""
+    boxes = []
+    for level, (height, width) in enumerate(spatial_shapes):
+        y = (ops.arange(height, dtype="float32") + 0.5) / ops.cast(height, "float32")
+        x = (ops.arange(width, dtype="float32") + 0.5) / ops.cast(width, "float32")
+        cx = ops.tile(x, [height])  # (h * w,), row-major
+        cy = ops.repeat(y, width)
+        side = ops.full_like(cx, grid_size * 2.0**level)
+        boxes.append(ops.stack([cx, cy, side, side], axis=-1))  # (h * w, 4)
+    boxes = ops.concatenate(boxes, axis=0)[None]  # (1, S, 4)
+    valid = ops.all((boxes > eps) & (boxes < 1 - eps), axis=-1, keepdims=True)
+    logits = ops.log(boxes / (1 - boxes))
+    return ops.where(valid, logits, _FLOAT32_MAX), valid
+
+
+@keras.saving.register_keras_serializable(package="vision")
+class RTDetr(keras.Model):
+    """The RT-DETR detector (see the module docstring).
+
+    Args:
+        num_classes: object classes ``C`` (sigmoid scores, no "no object" class).
+        backbone: a `vision.modeling.rtdetr_backbone.RTDetrResNetBackbone`.
+        encoder: a `vision.modeling.hybrid_encoder.HybridEncoder` over the backbone's maps.
+        decoder: the RT-DETR decoder, or None (then only `select_queries` runs).
+        d_model: the decoder's width.
+        num_queries: queries ``Q`` selected from the encoder's cells.
+        num_feature_levels: levels the decoder attends to (the encoder's, plus extra
+            stride-2 levels).
+        layer_norm_epsilon, batch_norm_epsilon: of ``enc_output``'s LayerNorm and of the
+            decoder input projections' BatchNorms.
+        **kwargs: base model arguments.
+
+    Call arguments:
+        inputs: ``(B, H, W, 3)`` images, or a dict with ``"images"`` (a ``"mask"`` is
+            ignored: RT-DETR has no padding mask).
+        training: BatchNorm statistics and dropout.
+
+    Returns:
+        dict with ``"pred_logits"`` ``(B, Q, C)``, ``"pred_boxes"`` ``(B, Q, 4)`` (normalized
+        cxcywh), ``"aux_outputs"`` (the earlier decoder layers' two, a list) and
+        ``"enc_outputs"`` (the selected cells' ``pred_logits`` and ``pred_boxes``).
+    """
+
+    def __init__(self, num_classes: int, backbone: keras.layers.Layer,
+                 encoder: keras.layers.Layer, decoder: keras.layers.Layer | None = None,
+                 d_model: int = 256, num_queries: int = 300, num_feature_levels: int = 3,
+                 layer_norm_epsilon: float = 1e-5, batch_norm_epsilon: float = 1e-5,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if num_feature_levels < encoder.num_levels:
+            raise ValueError(f"`num_feature_levels` must be at least the encoder's "
+                             f"{encoder.num_levels} levels. Received: {num_feature_levels}")
+        self.num_classes, self.d_model, self.num_queries = num_classes, d_model, num_queries
+        self.num_feature_levels = num_feature_levels
+        self.layer_norm_epsilon, self.batch_norm_epsilon = layer_norm_epsilon, \
+            batch_norm_epsilon
+        self.backbone, self.encoder, self.decoder = backbone, encoder, decoder
+        policy, d = self.dtype_policy, d_model
+        self.decoder_input_proj = [
+            ConvNorm(d, 1 if i < encoder.num_levels else 3,
+                     1 if i < encoder.num_levels else 2, epsilon=batch_norm_epsilon,
+                     dtype=policy, name=f"decoder_input_proj_{i}")
+            for i in range(num_feature_levels)]
+        self.enc_output = keras.layers.Dense(d, dtype=policy, name="enc_output")
+        self.enc_output_norm = keras.layers.LayerNormalization(
+            epsilon=layer_norm_epsilon, dtype=policy, name="enc_output_norm")
+        self.enc_score_head = keras.layers.Dense(num_classes, dtype=policy,
+                                                 name="enc_score_head")
+        self.enc_bbox_head = MLP(d, d, 4, 3, dtype=policy, name="enc_bbox_head")
+
+    def build(self, images_shape):
+        if isinstance(images_shape, dict):
+            images_shape = images_shape["images"]
+        images_shape = (None, None, None, images_shape[-1])
+        if not self.backbone.built:
+            self.backbone.build(images_shape)
+        levels = self.backbone.compute_output_shape(images_shape)
+        if not self.encoder.built:
+            self.encoder.build(levels)
+        h = (None, None, None, self.encoder.hidden_dim)
+        for proj in self.decoder_input_proj:
+            proj.build(h)
+        for layer in (self.enc_output, self.enc_output_norm, self.enc_score_head,
+                      self.enc_bbox_head):
+            layer.build((None, None, self.d_model))
+        self.built = True
+
+    def select_queries(self, images, training=None) -> QuerySelection:
+        """Backbone, encoder, decoder input projections and the query selection."""
+        features = self.backbone(images, training=training)
+        encoded = self.encoder(features, training=training)
+        sources = [proj(x, training=training)
+                   for proj, x in zip(self.decoder_input_proj, encoded)]
+        for proj in self.decoder_input_proj[len(encoded):]:  # transformers: all of the last
+            sources.append(proj(encoded[-1], training=training))
+        shapes, flat = [], []
+        for source in sources:
+            shape = ops.shape(source)
+            shapes.append((shape[1], shape[2]))
+            flat.append(ops.reshape(source, (shape[0], -1, self.d_model)))  # (B, h * w, d)
+        memory = ops.concatenate(flat, axis=1)  # (B, S, d)
+        anchor_logits, valid = anchors(shapes)
+        output = self.enc_output_norm(self.enc_output(memory * ops.cast(valid, memory.dtype)))
+        enc_logits = self.enc_score_head(output)  # (B, S, C)
+        enc_boxes = self.enc_bbox_head(output) + ops.cast(anchor_logits, output.dtype)
+        _, index = ops.top_k(ops.max(enc_logits, axis=-1), self.num_queries)  # (B, Q)
+
+        def take(x):  # (B, S, k) -> (B, Q, k)
+            return ops.take_along_axis(x, index[..., None], axis=1)
+
+        return QuerySelection(memory, shapes, enc_logits, enc_boxes,
+                              ops.stop_gradient(take(output)),
+                              ops.stop_gradient(take(enc_boxes)), take(enc_logits))
+
+    def call(self, inputs, training=None):
+        images = inputs["images"] if isinstance(inputs, dict) else inputs
+        selection = self.select_queries(images, training=training)
+        if self.decoder is None:
+            raise ValueError("this RTDetr has no decoder: `select_queries` is all it runs")
+        logits, boxes = self.decoder(selection, training=training)  # (B, L, Q, C), (B, L, Q, 4)
+        logits, boxes = ops.cast(logits, "float32"), ops.cast(boxes, "float32")
+        layers = [{"pred_logits": logits[:, i], "pred_boxes": boxes[:, i]}
+                  for i in range(logits.shape[1])]
+        enc_boxes = ops.sigmoid(ops.cast(selection.reference_logits, "float32"))
+        return {**layers[-1], "aux_outputs": layers[:-1],
+                "enc_outputs": {"pred_logits": ops.cast(selection.topk_logits, "float32"),
+                                "pred_boxes": enc_boxes}}
+
+    def get_config(self):
+        return {
+            "name": self.name, "trainable": self.trainable,
+            "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+            "encoder": keras.saving.serialize_keras_object(self.encoder),
+            "decoder": (None if self.decoder is None
+                        else keras.saving.serialize_keras_object(self.decoder)),
+            "num_classes": self.num_classes, "d_model": self.d_model,
+            "num_queries": self.num_queries, "num_feature_levels": self.num_feature_levels,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "batch_norm_epsilon": self.batch_norm_epsilon,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("backbone", "encoder", "decoder", "dtype"):
+            if isinstance(config.get(key), dict):
+                config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
+
+
+def rtdetr_postprocess(outputs: dict, image_sizes: Any, threshold: float | None = None) -> dict:
+    """Detections from sigmoid class scores, as transformers' RT-DETR image processors'
+    ``post_process_object_detection`` (``use_focal_loss=True``): the ``Q`` best of all
+    ``Q * C`` (query, class) scores, highest first, each with its query's box.
+
+    Args:
+        outputs: dict with ``"pred_logits"`` ``(B, Q, C)`` and ``"pred_boxes"`` ``(B, Q, 4)``
+            normalized cxcywh.
+        image_sizes: ``(B, 2)``: each image's ``(height, width)`` for the pixel boxes.
+        threshold: ``keep`` marks the scores above it (all True without one).
+
+    Returns:
+        dict with ``"scores"`` ``(B, Q)``, ``"labels"`` ``(B, Q)`` int32, ``"boxes"``
+        ``(B, Q, 4)`` xyxy pixels and ``"keep"`` ``(B, Q)`` bool.
+    """
+    logits = ops.cast(outputs["pred_logits"], "float32")
+    boxes = ops.cast(outputs["pred_boxes"], "float32")
+    if len(logits.shape) != 3 or len(boxes.shape) != 3 or boxes.shape[-1] != 4:
+        raise ValueError("`outputs` must have 'pred_logits' (B, Q, C) and 'pred_boxes' "
+                         f"(B, Q, 4). Received: shapes {tuple(logits.shape)} and "
+                         f"{tuple(boxes.shape)}")
+    queries, classes = logits.shape[1], logits.shape[2]
+    scores, index = ops.top_k(ops.reshape(ops.sigmoid(logits), (-1, queries * classes)),
+                              queries)  # (B, Q) each
+    labels = ops.cast(index % classes, "int32")
+    chosen = ops.take_along_axis(boxes, (index // classes)[..., None], axis=1)  # (B, Q, 4)
+    sizes = ops.cast(image_sizes, "float32")
+    scale = ops.stack([sizes[:, 1], sizes[:, 0], sizes[:, 1], sizes[:, 0]], axis=-1)[:, None]
+    keep = ops.ones_like(scores, dtype="bool") if threshold is None else scores > threshold
+    return {"scores": scores, "labels": labels, "boxes": box_cxcywh_to_xyxy(chosen) * scale,
+            "keep": keep}

@@ -1,0 +1,158 @@
+"""The arguments of an RT-DETR from transformers' ``config.json`` (``RTDetrConfig``, with an
+``RTDetrResNetConfig`` as ``backbone_config``), by the rule `nlp.hf_config` states for Marian.
+
+A field that transformers' RT-DETR modeling code reads (`MODEL_FIELDS`, `BACKBONE_FIELDS`;
+tests/vision/test_rtdetr_convert.py checks the sets against the installed source) is read
+here, or has the one value implemented (`_FIXED`), or only matters in training (`_TRAINING`:
+losses, matcher, denoising, initialization; accepted); every other field is bookkeeping
+(names, label maps, dtype...), accepted. A field that would change the computation and is not
+implemented is refused by name, with the file it is in.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACTIVATIONS", "BACKBONE_FIELDS", "MODEL_FIELDS", "backbone_settings",
+           "rtdetr_settings"]
+
+ACTIVATIONS = {"relu": "relu", "silu": "silu", "swish": "silu", "gelu": "gelu",
+               "tanh": "tanh", "sigmoid": "sigmoid"}
+# Every field modeling_rt_detr.py reads from its config (tests/vision/test_rtdetr_convert.py
+# checks the set against the installed source), and those of the backbone's config
+# (modeling_rt_detr_resnet.py, and ``out_indices``/``out_features`` of BackboneMixin).
+MODEL_FIELDS = {
+    "activation_dropout", "activation_function", "add_cross_attention", "anchor_image_size",
+    "attention_dropout", "auxiliary_loss", "batch_norm_eps", "box_noise_scale", "d_model",
+    "decoder_activation_function", "decoder_attention_heads", "decoder_ffn_dim",
+    "decoder_in_channels", "decoder_layers", "decoder_n_points", "disable_custom_kernels",
+    "dropout", "encode_proj_layers", "encoder_activation_function", "encoder_ffn_dim",
+    "encoder_hidden_dim", "encoder_in_channels", "encoder_layers", "eval_size",
+    "feat_strides", "freeze_backbone_batch_norms", "hidden_expansion", "id2label",
+    "initializer_bias_prior_prob", "initializer_range", "label_noise_ratio", "layer_norm_eps",
+    "learn_initial_query", "normalize_before", "num_attention_heads", "num_denoising",
+    "num_feature_levels", "num_labels", "num_queries", "output_attentions",
+    "positional_encoding_temperature", "two_stage", "two_stage_num_proposals",
+    "with_box_refine", "encoder_attention_heads", "backbone_config", "use_timm_backbone",
+    "backbone", "use_pretrained_backbone", "backbone_kwargs"}
+BACKBONE_FIELDS = {"depths", "downsample_in_bottleneck", "downsample_in_first_stage",
+                   "embedding_size", "hidden_act", "hidden_sizes", "layer_type", "num_channels",
+                   "output_hidden_states", "return_dict", "out_indices", "out_features"}
+# One value implemented. eval_size: transformers then drops AIFI's positions in eval mode;
+# normalize_before: transformers' pre-norm keeps the normalized input as the FFN's residual,
+# which lyuwenyu/RT-DETR does not; learn_initial_query: learned queries instead of the
+# selected cells' features; a timm or Hub backbone: not an RTDetrResNet.
+_FIXED = {"eval_size": None, "normalize_before": False, "learn_initial_query": False,
+          "use_timm_backbone": False, "backbone": None, "backbone_kwargs": None,
+          "two_stage": None, "add_cross_attention": False}
+# Training only (the losses, the matcher, denoising, initialization), or no effect on the
+# outputs (custom kernels, what is returned; BatchNorm frozen or not: the same in inference;
+# anchor_image_size: transformers' anchors for that input size, which equal the ones of the
+# actual maps wherever its model runs).
+_TRAINING = {"auxiliary_loss", "box_noise_scale", "label_noise_ratio", "num_denoising",
+             "initializer_bias_prior_prob", "initializer_range", "disable_custom_kernels",
+             "output_attentions", "freeze_backbone_batch_norms", "use_pretrained_backbone",
+             "two_stage_num_proposals", "with_box_refine", "anchor_image_size",
+             "feat_strides", "output_hidden_states", "return_dict"}
+_READ = (MODEL_FIELDS | BACKBONE_FIELDS) - set(_FIXED) - _TRAINING
+
+
+def _refuse(file: str, field: str, value, why: str):
+    raise ValueError(f"{file}: {field}={value!r} {why}")
+
+
+def _check(fields: dict, known: set, file: str) -> None:
+    for field, value in sorted(fields.items()):
+        if field in _FIXED and value != _FIXED[field] and not (
+                value is None or (field == "backbone_kwargs" and value == {})):
+            _refuse(file, field, value, f"is not supported (only {_FIXED[field]!r})")
+        if field in known and field not in _READ | _TRAINING | set(_FIXED):
+            _refuse(file, field, value, "is not implemented by this conversion (refused "
+                                        "rather than ignored)")
+
+
+def _activation(file: str, field: str, value: str) -> str:
+    if value not in ACTIVATIONS:
+        _refuse(file, field, value, f"is not supported (one of {sorted(ACTIVATIONS)})")
+    return ACTIVATIONS[value]
+
+
+def backbone_settings(backbone: dict, file: str = "config.json") -> dict:
+    """`vision.modeling.rtdetr_backbone.RTDetrResNetBackbone` arguments of an
+    ``RTDetrResNetConfig`` dict (an ``RTDetrConfig``'s ``backbone_config``, or a backbone's
+    own ``config.json``).
+
+    Raises:
+        ValueError: another backbone type or an unsupported field (named with ``file``).
+    """
+    if backbone.get("model_type", "rt_detr_resnet") != "rt_detr_resnet":
+        _refuse(file, "model_type", backbone["model_type"],
+                "is not supported (only 'rt_detr_resnet')")
+    _check(backbone, BACKBONE_FIELDS, file)
+    depths = list(backbone.get("depths", [3, 4, 6, 3]))
+    stages = ["stem"] + [f"stage{i}" for i in range(1, len(depths) + 1)]
+    out = backbone.get("out_indices") or [stages.index(name) for name in
+                                          backbone.get("out_features") or [stages[-1]]]
+    return dict(
+        depths=depths, hidden_sizes=list(backbone.get("hidden_sizes", [256, 512, 1024, 2048])),
+        embedding_size=backbone.get("embedding_size", 64),
+        layer_type=backbone.get("layer_type", "bottleneck"),
+        activation=_activation(file, "hidden_act", backbone.get("hidden_act", "relu")),
+        downsample_in_bottleneck=bool(backbone.get("downsample_in_bottleneck", False)),
+        downsample_in_first_stage=bool(backbone.get("downsample_in_first_stage", False)),
+        out_indices=list(out))
+
+
+def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
+    """`build_rtdetr` arguments of an ``RTDetrConfig`` dict (see the module docstring).
+
+    Raises:
+        ValueError: a field this conversion does not implement; the message names ``file``,
+            the field and its value.
+    """
+    if config.get("model_type", "rt_detr") != "rt_detr":
+        _refuse(file, "model_type", config["model_type"], "is not 'rt_detr'")
+    _check(config, MODEL_FIELDS, file)
+    get = config.get
+    backbone_kwargs = backbone_settings(get("backbone_config") or {"out_indices": [2, 3, 4]},
+                                        f"{file} (backbone_config)")
+    sizes = [backbone_kwargs["embedding_size"]] + backbone_kwargs["hidden_sizes"]
+    channels = [sizes[i] for i in backbone_kwargs["out_indices"]]
+    hidden = get("encoder_hidden_dim", 256)
+    if list(get("encoder_in_channels", [512, 1024, 2048])) != channels:
+        _refuse(file, "encoder_in_channels", get("encoder_in_channels"),
+                f"differs from the backbone's channels {channels}")
+    if list(get("decoder_in_channels", [256] * 3)) != [hidden] * len(channels):
+        _refuse(file, "decoder_in_channels", get("decoder_in_channels"),
+                f"is not supported (only the encoder's {[hidden] * len(channels)})")
+    d_model = get("d_model", 256)
+    levels = get("num_feature_levels", 3)
+    if levels > len(channels) + 1 and d_model != hidden:
+        _refuse(file, "num_feature_levels", levels, "is not supported with d_model "
+                "!= encoder_hidden_dim beyond one extra level")
+    dropout = float(get("dropout", 0.0))
+    encoder = dict(
+        hidden_dim=hidden, num_levels=len(channels),
+        encode_proj_layers=list(get("encode_proj_layers", [2])),
+        num_layers=get("encoder_layers", 1),
+        num_heads=get("encoder_attention_heads", get("num_attention_heads", 8)),
+        ffn_dim=get("encoder_ffn_dim", 1024), dropout=dropout,
+        activation_dropout=float(get("activation_dropout", 0.0)),
+        encoder_activation=_activation(file, "encoder_activation_function",
+                                       get("encoder_activation_function", "gelu")),
+        layer_norm_epsilon=get("layer_norm_eps", 1e-5),
+        temperature=get("positional_encoding_temperature", 10000),
+        activation=_activation(file, "activation_function", get("activation_function",
+                                                                "silu")),
+        hidden_expansion=get("hidden_expansion", 1.0), epsilon=get("batch_norm_eps", 1e-5))
+    decoder = dict(
+        num_layers=get("decoder_layers", 6), num_heads=get("decoder_attention_heads", 8),
+        ffn_dim=get("decoder_ffn_dim", 1024), num_points=get("decoder_n_points", 4),
+        num_levels=levels, dropout=dropout,
+        attention_dropout=float(get("attention_dropout", 0.0)),
+        activation_dropout=float(get("activation_dropout", 0.0)),
+        activation=_activation(file, "decoder_activation_function",
+                               get("decoder_activation_function", "relu")),
+        layer_norm_epsilon=get("layer_norm_eps", 1e-5))
+    model = dict(d_model=d_model, num_queries=get("num_queries", 300),
+                 num_feature_levels=levels, layer_norm_epsilon=get("layer_norm_eps", 1e-5),
+                 batch_norm_epsilon=get("batch_norm_eps", 1e-5))
+    return dict(backbone=backbone_kwargs, encoder=encoder, decoder=decoder, model=model)
