@@ -153,3 +153,29 @@ def test_fields_that_change_the_computation_are_refused_naming_the_file(field, v
 def test_a_backbone_other_than_rtdetr_resnet_is_refused():
     with pytest.raises(ValueError, match=r"backbone_config\): model_type='hgnet_v2' is not"):
         rtdetr_config.rtdetr_settings({"backbone_config": {"model_type": "hgnet_v2"}})
+
+
+def _detections(outputs, expected):
+    """`rtdetr_postprocess` of ``outputs`` as transformers' lists: the kept ones per image."""
+    from vision.modeling.rtdetr import rtdetr_postprocess
+
+    found = rtdetr_postprocess(outputs, expected["target_sizes"], float(expected["threshold"]))
+    found = {key: np.asarray(value) for key, value in found.items()}
+    return [{key: found[key][i][found["keep"][i]] for key in ("scores", "labels", "boxes")}
+            for i in range(len(found["keep"]))]
+
+
+def _assert_same_detections(detections, expected):
+    for i, found in enumerate(detections):
+        n = int(expected["det_count"][i])
+        assert len(found["scores"]) == n, f"image {i}"
+        np.testing.assert_array_equal(found["labels"], expected["det_labels"][i, :n])
+        np.testing.assert_allclose(found["scores"], expected["det_scores"][i, :n], atol=1e-5)
+        # Pixels of images up to 640 wide: 1e-4 of the side.
+        np.testing.assert_allclose(found["boxes"], expected["det_boxes"][i, :n], atol=0.064)
+
+
+def test_postprocess_gives_transformers_detections_of_the_same_outputs(reference):
+    _, expected = reference
+    outputs = {"pred_logits": expected["logits"], "pred_boxes": expected["pred_boxes"]}
+    _assert_same_detections(_detections(outputs, expected), expected)
