@@ -190,6 +190,7 @@ TRANSFORMERS_CASES = {  # case -> layer arguments (as reference_deformable_atten
 }
 
 
+@pytest.mark.xdist_group("deformable_reference")  # one worker runs the reference once
 @pytest.mark.parametrize("case", sorted(TRANSFORMERS_CASES))
 def test_transformers_deformable_attention_at_random_weights(transformers_cases, case):
     arrays = transformers_cases[case]

@@ -24,6 +24,8 @@ from vision.modeling.rtdetr_decoder import (
     transformers_arrays,
 )
 
+# The tests reading the reference stay on one worker, which runs it once.
+pytestmark = pytest.mark.xdist_group("rtdetr_decoder_reference")
 _REFERENCE = os.path.join(os.path.dirname(__file__), "reference_rtdetr_decoder.py")
 SETTINGS = {"decoder": dict(num_layers=3, num_heads=4, ffn_dim=64, num_points=2, num_levels=3,
                             dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
