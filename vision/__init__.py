@@ -24,6 +24,10 @@ register_lazily({f"vision>{name}": f"vision.{module}" for module, names in {
     "matching.matcher": ("HungarianMatcher",),
     "matching.losses": ("SetCriterion",),
     "modeling.optimizer": ("DetrAdamW",),
+    "modeling.rtdetr": ("RTDetr",),
+    "modeling.rtdetr_backbone": ("RTDetrResNetBackbone",),
+    "modeling.hybrid_encoder": ("ConvNorm", "CSPRepLayer", "HybridEncoder", "RepVggBlock"),
+    "modeling.rtdetr_decoder": ("RTDetrDecoder", "RTDetrDecoderLayer"),
 }.items() for name in names})
 
 __all__: list[str] = []

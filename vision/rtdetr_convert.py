@@ -161,10 +161,8 @@ def _classes(config: dict, outputs: int, where: str):
     return names, (tuple(i for i, _ in COCO_CATEGORIES) if names == coco else None)
 
 
-def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint",
-                with_decoder: bool = True) -> RTDetrWeights:
-    """Reads an ``RTDetrForObjectDetection`` folder (``config.json`` + ``model.safetensors``);
-    without ``with_decoder``, the decoder's weights are left out.
+def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWeights:
+    """Reads an ``RTDetrForObjectDetection`` folder (``config.json`` + ``model.safetensors``).
 
     Raises:
         ValueError: a missing or unreadable file, a config field this conversion does not
@@ -184,18 +182,15 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint",
     state = read_state_dict(os.path.join(folder, "model.safetensors"), flag)
     for pattern, replacement in _RENAMES:
         state = {re.sub(pattern, replacement, name): array for name, array in state.items()}
+    from vision.modeling.rtdetr_decoder import transformers_arrays
+
     used: set[str] = set()
     try:
         arrays = {**_encoder_arrays(state, settings["encoder"], used),
-                  **_selection_arrays(state, used)}
+                  **_selection_arrays(state, used),
+                  **transformers_arrays(state, settings["decoder"], used)}
     except KeyError as error:
         raise ValueError(f"{where}: model.safetensors has no {error.args[0]!r}") from None
-    if with_decoder:
-        from vision.modeling import rtdetr_decoder
-
-        arrays.update(rtdetr_decoder.transformers_arrays(state, settings["decoder"], used))
-    else:
-        used.update(n for n in state if n.startswith("model.decoder."))
     used.add("model.denoising_class_embed.weight")  # training only: denoising queries
     unused = sorted(set(state) - used)
     if unused:
@@ -205,36 +200,30 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint",
     return RTDetrWeights(settings, arrays, names, ids, folder)
 
 
-def build_rtdetr(settings: dict, num_classes: int, with_decoder: bool = True):
-    """The (built, untrained) `RTDetr` of `rtdetr_settings` for ``num_classes`` classes
-    (without ``with_decoder``: one that runs `RTDetr.select_queries` only)."""
+def build_rtdetr(settings: dict, num_classes: int):
+    """The (built, untrained) `RTDetr` of `rtdetr_settings` for ``num_classes`` classes."""
     from vision.modeling.hybrid_encoder import HybridEncoder
     from vision.modeling.rtdetr import RTDetr
     from vision.modeling.rtdetr_backbone import RTDetrResNetBackbone
+    from vision.modeling.rtdetr_decoder import build_decoder
 
     backbone = RTDetrResNetBackbone(**settings["backbone"], name="backbone")
     encoder = HybridEncoder(**settings["encoder"], name="encoder")
-    head = None
-    if with_decoder:
-        from vision.modeling import rtdetr_decoder
-
-        head = rtdetr_decoder.build_decoder(settings, num_classes)
-    model = RTDetr(num_classes, backbone, encoder, head, **settings["model"], name="rtdetr")
+    decoder = build_decoder(settings, num_classes)
+    model = RTDetr(num_classes, backbone, encoder, decoder, **settings["model"], name="rtdetr")
     model.build((None, None, None, 3))
     return model
 
 
-def load_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint",
-                with_decoder: bool = True):
+def load_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint"):
     """The `RTDetr` of a transformers folder with its weights; ``model.class_names`` and
-    ``model.category_ids`` name its classes (`read_rtdetr`; ``with_decoder``: see
-    `build_rtdetr`).
+    ``model.category_ids`` name its classes (`read_rtdetr`).
 
     Raises:
         ValueError: see `read_rtdetr`; also a weight of another shape.
     """
-    weights = read_rtdetr(folder, flag, with_decoder)
-    model = build_rtdetr(weights.settings, len(weights.class_names), with_decoder)
+    weights = read_rtdetr(folder, flag)
+    model = build_rtdetr(weights.settings, len(weights.class_names))
     for variable in model.weights:
         key = variable.path.split("/", 1)[1]
         if key not in weights.arrays:

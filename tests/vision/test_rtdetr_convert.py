@@ -47,9 +47,9 @@ def reference(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def selection_model(reference):
+def model(reference):
     folder, _ = reference
-    return rtdetr_convert.load_rtdetr(folder / "rtdetr", with_decoder=False)
+    return rtdetr_convert.load_rtdetr(folder / "rtdetr")
 
 
 def _close(actual, expected, what):
@@ -74,10 +74,9 @@ def test_basic_and_downsampling_backbones_give_transformers_feature_maps(referen
         _close(feature, expected[f"{variant}_{i}"], f"{variant} level {i}")
 
 
-def test_backbone_encoder_and_query_selection_give_transformers_outputs(reference,
-                                                                       selection_model):
+def test_backbone_encoder_and_query_selection_give_transformers_outputs(reference, model):
     _, expected = reference
-    model, images = selection_model, expected["images"]
+    images = expected["images"]
     features = model.backbone(images)
     for i, feature in enumerate(features):
         _close(feature, expected[f"backbone_{i}"], f"backbone level {i}")
@@ -94,6 +93,22 @@ def test_backbone_encoder_and_query_selection_give_transformers_outputs(referenc
     assert selection.memory.shape == (2, 8 * 12 + 4 * 6 + 2 * 3 + 2, 32)
 
 
+def test_the_model_gives_transformers_logits_and_boxes_in_every_decoder_layer(reference,
+                                                                            model):
+    _, expected = reference
+    outputs = model(expected["images"])
+    assert outputs["pred_logits"].shape == (2, 10, 5)  # sigmoid scores: no "no object"
+    layers = [*outputs["aux_outputs"], outputs]
+    assert len(layers) == 2
+    for i, layer in enumerate(layers):
+        _close(layer["pred_logits"], expected["intermediate_logits"][:, i], f"logits {i}")
+        _close(layer["pred_boxes"], expected["intermediate_reference_points"][:, i],
+               f"boxes {i}")
+    _close(outputs["enc_outputs"]["pred_logits"], expected["enc_topk_logits"], "enc logits")
+    _close(outputs["enc_outputs"]["pred_boxes"], expected["enc_topk_bboxes"], "enc boxes")
+    _assert_same_detections(_detections(outputs, expected), expected)
+
+
 def test_transformers_5_in_memory_names_read_as_the_saved_ones(reference, tmp_path):
     folder, _ = reference
     from safetensors.numpy import load_file, save_file
@@ -101,15 +116,16 @@ def test_transformers_5_in_memory_names_read_as_the_saved_ones(reference, tmp_pa
     state = load_file(folder / "rtdetr" / "model.safetensors")
     renamed = {}
     for name, array in state.items():
-        name = name.replace(".out_proj.", ".o_proj.").replace(".fc1.", ".mlp.fc1.")
+        name = name.replace(".out_proj.", ".o_proj.").replace(".fc1.", ".mlp.fc1.").replace(
+            ".fc2.", ".mlp.fc2.")
         renamed[re.sub(r"encoder\.encoder\.(\d+)\.layers", r"encoder.aifi.\1.layers",
                        name)] = array
     assert renamed.keys() != state.keys()
     (tmp_path / "v5").mkdir()
     shutil.copy(folder / "rtdetr" / "config.json", tmp_path / "v5")
     save_file(renamed, str(tmp_path / "v5" / "model.safetensors"))
-    saved = rtdetr_convert.read_rtdetr(folder / "rtdetr", with_decoder=False)
-    in_memory = rtdetr_convert.read_rtdetr(tmp_path / "v5", with_decoder=False)
+    saved = rtdetr_convert.read_rtdetr(folder / "rtdetr")
+    in_memory = rtdetr_convert.read_rtdetr(tmp_path / "v5")
     assert sorted(saved.arrays) == sorted(in_memory.arrays)
     for key, array in saved.arrays.items():
         np.testing.assert_array_equal(in_memory.arrays[key], array, err_msg=key)

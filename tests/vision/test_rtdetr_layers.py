@@ -12,6 +12,7 @@ from tfx_transformer.layers.testing import check_layer
 from vision.modeling.hybrid_encoder import CSPRepLayer, HybridEncoder, sincos_positions_2d
 from vision.modeling.rtdetr import RTDetr, anchors
 from vision.modeling.rtdetr_backbone import RTDetrResNetBackbone
+from vision.modeling.rtdetr_decoder import RTDetrDecoder
 
 SMALL_BACKBONE = dict(depths=(1, 1, 1, 1), hidden_sizes=(16, 16, 32, 32), embedding_size=8)
 
@@ -58,16 +59,19 @@ def test_a_model_saves_and_loads_with_the_same_outputs(tmp_path):
     backbone = RTDetrResNetBackbone(depths=(1, 1, 1, 1), hidden_sizes=(8, 16, 32, 32),
                                     embedding_size=8, layer_type="basic", name="backbone")
     encoder = HybridEncoder(hidden_dim=8, num_heads=2, ffn_dim=16, name="encoder")
-    model = RTDetr(3, backbone, encoder, d_model=8, num_queries=5, num_feature_levels=4)
+    decoder = RTDetrDecoder(2, 3, num_heads=2, ffn_dim=16, num_levels=4, num_points=2,
+                            name="decoder")
+    model = RTDetr(3, backbone, encoder, decoder, d_model=8, num_queries=5,
+                   num_feature_levels=4)
     model.build((None, None, None, 3))
     images = np.random.default_rng(1).standard_normal((1, 64, 64, 3)).astype("float32")
-    before = model.select_queries(images)
+    before = model(images)
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras")
-    after = loaded.select_queries(images)
-    for field in ("enc_logits", "reference_logits", "target"):
-        np.testing.assert_array_equal(np.asarray(getattr(after, field)),
-                                      np.asarray(getattr(before, field)), err_msg=field)
+    after = loaded({"images": images})
+    assert before["pred_logits"].shape == (1, 5, 3) and len(before["aux_outputs"]) == 1
+    for key in ("pred_logits", "pred_boxes"):
+        np.testing.assert_array_equal(np.asarray(after[key]), np.asarray(before[key]))
     # The backbone's BatchNorms are frozen; the hybrid encoder's train.
     assert not any("normalization" in v.path for v in model.trainable_weights)
     assert any("fpn_blocks_0/conv1/norm/gamma" in v.path for v in model.trainable_weights)
@@ -80,7 +84,8 @@ def test_a_model_saves_and_loads_with_the_same_outputs(tmp_path):
      "`depths` and `hidden_sizes` must have one entry per stage"),
     (lambda: HybridEncoder(num_levels=3, encode_proj_layers=(3,)),
      "`encode_proj_layers` must be levels in"),
-    (lambda: RTDetr(2, RTDetrResNetBackbone(), HybridEncoder(), num_feature_levels=2),
+    (lambda: RTDetr(2, RTDetrResNetBackbone(), HybridEncoder(), RTDetrDecoder(1, 2),
+                    num_feature_levels=2),
      "`num_feature_levels` must be at least"),
 ])
 def test_bad_arguments_are_refused_by_name(make, message):

@@ -87,7 +87,7 @@ class RTDetr(keras.Model):
         num_classes: object classes ``C`` (sigmoid scores, no "no object" class).
         backbone: a `vision.modeling.rtdetr_backbone.RTDetrResNetBackbone`.
         encoder: a `vision.modeling.hybrid_encoder.HybridEncoder` over the backbone's maps.
-        decoder: the RT-DETR decoder, or None (then only `select_queries` runs).
+        decoder: a `vision.modeling.rtdetr_decoder.RTDetrDecoder` of ``d_model`` width.
         d_model: the decoder's width.
         num_queries: queries ``Q`` selected from the encoder's cells.
         num_feature_levels: levels the decoder attends to (the encoder's, plus extra
@@ -108,7 +108,7 @@ class RTDetr(keras.Model):
     """
 
     def __init__(self, num_classes: int, backbone: keras.layers.Layer,
-                 encoder: keras.layers.Layer, decoder: keras.layers.Layer | None = None,
+                 encoder: keras.layers.Layer, decoder: keras.layers.Layer,
                  d_model: int = 256, num_queries: int = 300, num_feature_levels: int = 3,
                  layer_norm_epsilon: float = 1e-5, batch_norm_epsilon: float = 1e-5,
                  **kwargs):
@@ -149,6 +149,8 @@ class RTDetr(keras.Model):
         for layer in (self.enc_output, self.enc_output_norm, self.enc_score_head,
                       self.enc_bbox_head):
             layer.build((None, None, self.d_model))
+        if not self.decoder.built:
+            self.decoder.build((None, self.num_queries, self.d_model), (None, None, self.d_model))
         self.built = True
 
     def select_queries(self, images, training=None) -> QuerySelection:
@@ -181,9 +183,9 @@ class RTDetr(keras.Model):
     def call(self, inputs, training=None):
         images = inputs["images"] if isinstance(inputs, dict) else inputs
         selection = self.select_queries(images, training=training)
-        if self.decoder is None:
-            raise ValueError("this RTDetr has no decoder: `select_queries` is all it runs")
-        logits, boxes = self.decoder(selection, training=training)  # (B, L, Q, C), (B, L, Q, 4)
+        logits, boxes = self.decoder(
+            selection.target, selection.memory, selection.reference_logits,
+            spatial_shapes=selection.spatial_shapes, training=training)  # (B, L, Q, C|4)
         logits, boxes = ops.cast(logits, "float32"), ops.cast(boxes, "float32")
         layers = [{"pred_logits": logits[:, i], "pred_boxes": boxes[:, i]}
                   for i in range(logits.shape[1])]
@@ -198,8 +200,7 @@ class RTDetr(keras.Model):
             "dtype": keras.saving.serialize_keras_object(self.dtype_policy),
             "backbone": keras.saving.serialize_keras_object(self.backbone),
             "encoder": keras.saving.serialize_keras_object(self.encoder),
-            "decoder": (None if self.decoder is None
-                        else keras.saving.serialize_keras_object(self.decoder)),
+            "decoder": keras.saving.serialize_keras_object(self.decoder),
             "num_classes": self.num_classes, "d_model": self.d_model,
             "num_queries": self.num_queries, "num_feature_levels": self.num_feature_levels,
             "layer_norm_epsilon": self.layer_norm_epsilon,
