@@ -6,8 +6,10 @@ import asyncio
 import base64
 import json
 import os
+import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bombs import png_bomb  # noqa: E402
 
 from tfx_transformer.serving.app import answer_within
+from tfx_transformer.serving.limits import prefer_wait
 from tfx_transformer.serving.rest import RestError
 
 pytestmark = pytest.mark.xdist_group("serving")
@@ -30,9 +33,10 @@ def _b64(data: bytes) -> dict:
     return {"b64": base64.b64encode(data).decode()}
 
 
-def _post(serving, path: str, data: bytes, timeout: float = 120):
+def _post(serving, path: str, data: bytes, timeout: float = 120, headers: dict | None = None):
     """``(status, body, headers)`` of a POST of raw bytes."""
-    request = urllib.request.Request(serving.url + path, data=data, method="POST")
+    request = urllib.request.Request(serving.url + path, data=data, method="POST",
+                                     headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read()), response.headers
@@ -166,3 +170,86 @@ def test_a_model_that_does_not_answer_in_time_is_504_and_its_request_cancelled()
     with pytest.raises(RestError) as error:
         asyncio.run(answer_within(_Response(BackPressureError(9, 9, 503, 1)), 5, "m"))
     assert error.value.status == 503 and "--max-queue 9" in error.value.message
+
+
+def test_prefer_wait_is_read_as_rfc_7240_says():
+    assert prefer_wait(["respond-async, wait=10"]) == 10
+    assert prefer_wait(['handling=lenient', 'WAIT = "3"; x=1']) == 3
+    assert prefer_wait(["wait=soon, wait=1.5", "wait=2"]) == 2  # malformed ones are ignored
+    assert prefer_wait([]) is None and prefer_wait(["return=minimal"]) is None
+
+
+# A request that would keep the translator's replica busy for minutes: 2000 chunks of
+# --max-batch-size (32) sentences, each of 20 to 60 tokens to decode.
+LONG = json.dumps({"instances": [f"The {n} red cars are fast and the station is far away."
+                                 for n in range(64_000)]}).encode()
+
+
+def _replica(serving, deployment: str) -> psutil.Process:
+    """The Ray worker process of ``deployment``'s one replica (Ray titles it
+    ``ray::ServeReplica:APP:DEPLOYMENT``)."""
+    for process in psutil.Process(serving.process.pid).children(recursive=True):
+        try:
+            if f"ServeReplica:tfx-serving:{deployment}" in " ".join(process.cmdline()):
+                return process
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no replica process of {deployment}")
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _wait_busy(process: psutil.Process, cpu_s: float, within_s: float = 60) -> None:
+    """Returns once ``process`` has used ``cpu_s`` more CPU seconds (its work has begun)."""
+    start, deadline = _cpu_s(process), time.monotonic() + within_s
+    while _cpu_s(process) - start < cpu_s:
+        assert time.monotonic() < deadline, f"the replica did not start working in {within_s} s"
+        time.sleep(0.1)
+
+
+def _seconds_to_idle(process: psutil.Process, within_s: float = 20, window_s: float = 2.0):
+    """Seconds until ``process`` has used less than 0.1 CPU seconds over ``window_s`` (None:
+    not within ``within_s``). Idle, the replica uses about 0.01 a second; translating, 0.8 to
+    0.9 on an idle host, less beside other work; uncancelled, the request below would keep it
+    translating for minutes."""
+    start = time.monotonic()
+    samples = [(start, _cpu_s(process))]
+    while samples[-1][0] - start < within_s:
+        time.sleep(0.5)
+        samples.append((time.monotonic(), _cpu_s(process)))
+        then = [cpu for at, cpu in samples if samples[-1][0] - at >= window_s]
+        if then and samples[-1][1] - then[-1] < 0.1:
+            return samples[-1][0] - start
+    return None
+
+
+def test_a_request_past_the_clients_prefer_wait_is_504(serving):
+    start = time.monotonic()
+    status, answer, _ = _post(serving, T, LONG, headers={"Prefer": "wait=1"})
+    took = time.monotonic() - start
+    assert (status, answer) == (504, {"error": "model translator did not answer within 1 s "
+                                               "(Prefer: wait=1)"})
+    assert 1 <= took < 30, took  # its upload comes first; the model would take minutes
+
+
+def test_the_replicas_run_at_the_servers_priority(serving):
+    # At Ray's default niceness for its workers, 15, any busy process would starve them.
+    server = psutil.Process(serving.process.pid)
+    assert _replica(serving, "model-translator").nice() == server.nice()
+
+
+def test_a_client_that_disconnects_frees_its_work(serving):
+    replica = _replica(serving, "model-translator")
+    assert _seconds_to_idle(replica, within_s=60) is not None  # earlier tests' work is done
+    head = (f"POST {T} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(LONG)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", serving.port), timeout=60) as client:
+        client.sendall(head + LONG)
+        _wait_busy(replica, cpu_s=2.0)  # translating: parsing the body takes 0.06 s
+    # Ray Serve's proxy sees the disconnect and cancels the ingress's call, the ingress the
+    # model's: the replica stops after its current chunk of 32 sentences.
+    assert _seconds_to_idle(replica) is not None
+    assert serving.post(T, {"instances": ["Good morning."]})[0] == 200

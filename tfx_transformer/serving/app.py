@@ -20,8 +20,10 @@ decodes it) are checked in the replica before the model runs (`rest.Limits`; 413
 Each model's requests beyond those its replicas hold (``max_ongoing_requests``) wait in the
 ingress's queue of Ray Serve (``max_queued_requests``); beyond ``max_queue`` they are refused
 with 503 and ``Retry-After``. A request not answered within ``request_timeout_s`` is answered
-504 and cancelled (as is the request of a client that disconnects): queued, it never runs; a
-large one stops at its next chunk of ``max_batch_size`` instances.
+504 and cancelled, as is one not answered within the client's ``Prefer: wait=SECONDS``
+(RFC 7240) when that is sooner, and the request of a client that disconnects (Ray Serve's
+proxy cancels the ingress's call, which cancels the model's): queued, it never runs; a large
+one stops at its next chunk of ``max_batch_size`` instances.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations (Request).
@@ -37,6 +39,7 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 
 from tfx_transformer.serving import signatures as sig
+from tfx_transformer.serving.limits import prefer_wait
 from tfx_transformer.serving.model import ServedModel
 from tfx_transformer.serving.rest import Limits, RestError, format_response, parse_predict
 
@@ -135,10 +138,12 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-async def answer_within(response, timeout_s: float, name: str):
+async def answer_within(response, timeout_s: float, name: str,
+                        limit: str = "--request-timeout"):
     """What a deployment's ``response`` (a Ray Serve ``DeploymentResponse``) gives, waited for
-    at most ``timeout_s`` seconds; on time out it is cancelled and `RestError` 504 raised.
-    A full queue (Ray Serve's ``BackPressureError``) is `RestError` 503."""
+    at most ``timeout_s`` seconds; on time out it is cancelled and `RestError` 504 raised,
+    naming ``limit`` (the flag or header that set the time). Cancelled itself (the client went
+    away), it cancels ``response``. A full queue (``BackPressureError``) is `RestError` 503."""
     async def result():
         return await response
 
@@ -146,8 +151,8 @@ async def answer_within(response, timeout_s: float, name: str):
         return await asyncio.wait_for(result(), timeout_s)
     except asyncio.TimeoutError:
         response.cancel()  # still queued: never runs; running: stops at its next chunk
-        raise RestError(f"model {name} did not answer within {timeout_s:g} s "
-                        "(--request-timeout)", 504) from None
+        raise RestError(f"model {name} did not answer within {timeout_s:g} s ({limit})",
+                        504) from None
     except asyncio.CancelledError:  # the client went away: its work is not needed
         response.cancel()
         raise
@@ -225,8 +230,12 @@ class Ingress:
                                 f"{self.request_timeout_s:g} s (--request-timeout)",
                                 408) from None
             left = self.request_timeout_s - (asyncio.get_running_loop().time() - start)
-            status, content = await answer_within(handle.predict.remote(body), max(left, 0.01),
-                                                  name)
+            timeout, limit = max(left, 0.01), "--request-timeout"
+            wait = prefer_wait(request.headers.getlist("prefer"))
+            if wait is not None and wait < timeout:  # the client's deadline, if sooner
+                timeout, limit = max(wait, 0.01), f"Prefer: wait={wait}"
+            status, content = await answer_within(handle.predict.remote(body), timeout, name,
+                                                  limit)
             return Response(content, status_code=status, media_type="application/json")
         except RestError as error:
             headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None

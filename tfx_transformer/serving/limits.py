@@ -1,7 +1,7 @@
 """What one request may hold, and how a refused request is said: `RestError` (an HTTP status
 and the message TensorFlow Serving would answer with), `Limits` (the per-request limits, each
-a flag of ``tfx-serve``) and `check_json` (depth and size of a body, before it is parsed).
-Nothing here needs TensorFlow.
+a flag of ``tfx-serve``), `check_json` (depth and size of a body, before it is parsed) and
+`prefer_wait` (a client's own deadline). Nothing here needs TensorFlow.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Limits", "RestError", "check_json"]
+__all__ = ["Limits", "RestError", "check_json", "prefer_wait"]
 
 
 class RestError(Exception):
@@ -74,3 +74,20 @@ def check_json(body: bytes, max_depth: int | None, max_values: int | None) -> No
     if max_values is not None and values > max_values:
         raise RestError(f"the request's JSON holds about {values:,} values, more than the "
                         f"server's limit of {max_values:,} (--max-json-values)")
+
+
+_WAIT = re.compile(r'^wait\s*=\s*"?(\d{1,9})"?$', re.IGNORECASE)
+
+
+def prefer_wait(headers: list[str]) -> int | None:
+    """The ``wait`` preference of a request's ``Prefer`` headers (RFC 7240, section 4.3: the
+    seconds the client expects processing to take at most; the server may then "cancel
+    processing"), or None. Preferences are comma-separated and may carry ``;`` parameters;
+    one that is malformed or unknown is ignored, as the RFC asks; of several waits, the first.
+    """
+    for header in headers:
+        for preference in header.split(","):
+            match = _WAIT.match(preference.split(";")[0].strip())
+            if match:
+                return int(match[1])
+    return None
