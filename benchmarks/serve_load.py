@@ -2,6 +2,7 @@
 
     python benchmarks/serve_load.py [--translator DIR] [--detector DIR] [--levels 1,4,16,64]
         [--requests 32] [--seconds 8] [--repeats 3] [--server-args '...'] [--json OUT]
+    python benchmarks/serve_load.py --table OUT      # the README's table of a --json file
 
 Starts each server as a subprocess on a free port of 127.0.0.1, waits for its ``ready:`` line,
 loads it, then stops it with SIGTERM and checks that it and every process it started exited
@@ -162,6 +163,29 @@ def run_group(names: list[str], plans: dict, args, bodies: dict[str, list[bytes]
                 failed.append(f"{name}: did not exit cleanly ({exit_})")
 
 
+def markdown_table(figures: dict) -> str:
+    """The README's table of a ``--json`` file: per model and N, each server's requests/s, the
+    ratio ours / peer and the p50 / p99 latencies."""
+    servers = figures["servers"]
+    lines = ["| model | N | ours req/s | peer req/s | ours / peer | ours p50 / p99 ms | "
+             "peer p50 / p99 ms | errors |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = {(name, model, row["clients"]): row for name, result in servers.items()
+            for model, entry in result["models"].items() for row in entry["levels"]}
+    for model in MODELS:
+        for clients in figures["levels"]:
+            ours, peer = rows.get(("ours", model, clients)), rows.get(("peer", model, clients))
+            if not ours or not peer:
+                continue
+            lines.append(
+                f"| {model} | {clients} | {ours['requests_per_s']:.1f} | "
+                f"{peer['requests_per_s']:.1f} | "
+                f"**{ours['requests_per_s'] / peer['requests_per_s']:.2f}** | "
+                f"{ours['p50_ms']:,.0f} / {ours['p99_ms']:,.0f} | "
+                f"{peer['p50_ms']:,.0f} / {peer['p99_ms']:,.0f} | "
+                f"{ours['errors'] + peer['errors']} |")
+    return "\n".join(lines)
+
+
 def default_export(model: str) -> str | None:
     for path in DEFAULT_EXPORTS[model]:
         if (path / "saved_model.pb").is_file():
@@ -194,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--logdir", default=None, help="server logs (default: a temporary one)")
     parser.add_argument("--json", default=None, help="write all figures to this file")
+    parser.add_argument("--table", metavar="JSON", default=None,
+                        help="only print the Markdown table of a --json file, run nothing")
     args = parser.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(Path(args.table).read_text(encoding="utf-8"))))
+        return 0
 
     models = [m for m in args.models.split(",") if m]
     servers = [s for s in args.servers.split(",") if s]
