@@ -172,6 +172,18 @@ def fail(message: str) -> int:
     return 2
 
 
+def _bad_input() -> tuple[type, ...]:
+    """The errors `run_cli` reports as bad input; TensorFlow's only once it is loaded (a
+    command that failed before loading it, such as a Hub id that cannot be had, raised none)."""
+    tf = sys.modules.get("tensorflow")
+    return (ValueError, OSError) + ((tf.errors.NotFoundError,) if tf is not None else ())
+
+
+def _worker_lost(error: Exception) -> bool:
+    cluster = sys.modules.get("tfx_transformer.training.cluster")
+    return cluster is not None and isinstance(error, cluster.WorkerLostError)
+
+
 def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> int:
     """Runs ``main_fn(*args, **kwargs)``; bad input becomes one ``error:`` line and exit code 2.
 
@@ -180,20 +192,16 @@ def run_cli(main_fn: Callable[..., int | None], *args: Any, **kwargs: Any) -> in
     anything else is a bug and keeps its traceback. Set ``TFX_TRANSFORMER_DEBUG=1`` to see the
     traceback of caught errors too. Use as ``sys.exit(run_cli(main))``.
     """
-    import tensorflow as tf  # only for its NotFoundError: argparse helpers need no TensorFlow
-
-    from tfx_transformer.training.cluster import WorkerLostError
-
     try:
         return int(main_fn(*args, **kwargs) or 0)
-    except (ValueError, OSError, tf.errors.NotFoundError) as error:
-        if os.environ.get("TFX_TRANSFORMER_DEBUG"):
+    except Exception as error:
+        if _worker_lost(error):  # not bad input: the run can go on once all are back
+            fail(str(error))
+            return 1
+        if not isinstance(error, _bad_input()) or os.environ.get("TFX_TRANSFORMER_DEBUG"):
             raise
         message = getattr(error, "message", None) or str(error) or type(error).__name__
         return fail(name_flags(str(message)))
-    except WorkerLostError as error:  # not bad input: the run can go on once all are back
-        fail(str(error))
-        return 1
     except KeyboardInterrupt:
         fail("interrupted")
         return 130

@@ -26,11 +26,8 @@ import json
 import os
 import sys
 
+from tfx_transformer.cli import run_cli
 from tfx_transformer.quiet import quiet_start
-
-quiet_start()  # before TensorFlow is imported
-
-from tfx_transformer.cli import run_cli  # noqa: E402
 
 FAMILIES = ("marian", "m2m_100")
 
@@ -81,6 +78,7 @@ def command(argv=None) -> int:
     elif args.revision:
         parser.error(f"--revision: {args.model} is a local folder, not a Hub id")
     kind = model_type(folder)
+    quiet_start()  # TensorFlow from here on: a Hub id or folder refused above never loads it
     from nlp.model_dir import write_model_dir
 
     if kind == "marian":

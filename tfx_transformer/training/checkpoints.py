@@ -21,12 +21,15 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from tfx_transformer import checks
 from tfx_transformer.training.workdir import Workdir, checkpoint_files, read_metrics
+
+if TYPE_CHECKING:  # Keras loads with the model (the commands' flags need none of it)
+    import keras
 
 __all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "Averaging", "average_count", "average_weights",
            "best_epoch", "choose_weights", "epoch_checkpoints"]
@@ -54,6 +57,8 @@ def average_weights(model: keras.Model, paths: Sequence[str | os.PathLike]) -> N
     Raises:
         ValueError: no paths, or a file that does not fit ``model`` (named).
     """
+    import keras
+
     if not paths:
         raise ValueError("`paths` must name at least one weights file")
     total = None

@@ -13,6 +13,9 @@ and no worker left waiting for a peer that is gone.
   first training step (a worker that failed before training would leave it waiting). A peer
   seen up and then unreachable 3 times in a row ends this process: one ``error:`` line naming
   the peer, exit code 1.
+- `leave_together`: every worker past `fit` before the chief goes on (to export, evaluate and
+  end its process); a non-chief then stops watching it. Without it, a non-chief still in
+  `fit`'s last callbacks when the chief's process ends would take the chief for lost.
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import keras
 
 from tfx_transformer.training.distribute import from_replica_0, is_chief, tf_config
 
-__all__ = ["PeerWatch", "WorkerAgreement", "WorkerLostError", "chief_address", "lost_message",
-           "peer_watch", "set_from_chief", "start_peer_watch", "watched"]
+__all__ = ["PeerWatch", "WorkerAgreement", "WorkerLostError", "chief_address", "leave_together",
+           "lost_message", "peer_watch", "set_from_chief", "start_peer_watch", "watched"]
 
 POLL_SECONDS = 1.0
 MISSES = 3  # consecutive failed connections that make a peer gone
@@ -163,6 +166,17 @@ def watched(run):
             raise
         raise WorkerLostError(lost_message(gone, watch.peers[gone])) from None
     finally:
+        watch.watch(())
+
+
+def leave_together(strategy: Any) -> None:
+    """Every worker's end of training (a collective: each returns once all have called it);
+    a non-chief stops watching the chief then (module docstring)."""
+    import numpy as np
+
+    from_replica_0(np.zeros([1], np.int32), strategy)
+    watch = peer_watch()
+    if watch is not None and not is_chief():
         watch.watch(())
 
 

@@ -35,9 +35,7 @@ import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
-
-import keras
+from typing import TYPE_CHECKING, Any
 
 from tfx_transformer import checks
 from tfx_transformer.data_spec import normalized
@@ -49,6 +47,9 @@ from tfx_transformer.training.distribute import (
     is_chief,
 )
 from tfx_transformer.training.workdir import Workdir, read_state
+
+if TYPE_CHECKING:  # only annotations: the commands' flags (`tfx_transformer.cli`) load no Keras
+    import keras
 
 __all__ = ["LONG_RUN_EPOCHS", "RunContext", "RunOptions", "Task", "TaskData", "check_data",
            "needs_training", "read_run_state"]

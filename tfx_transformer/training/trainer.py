@@ -40,6 +40,7 @@ from tfx_transformer.training.callbacks import (
 from tfx_transformer.training.cluster import (
     WorkerAgreement,
     chief_address,
+    leave_together,
     peer_watch,
     start_peer_watch,
     watched,
@@ -144,7 +145,9 @@ class Trainer:
            checkpoints kept as ``task.averaging`` needs, logs, time budget, step limit,
            history, progress line) and ``callbacks``, in that order. Skipped when the
            recorded fit already covers the request: the weights then come from the backup.
-        5. Non-chief workers stop here and return ``{}``: only the chief writes.
+        5. Under ``multi_worker``, every worker waits here for the others
+           (`cluster.leave_together`); non-chief workers stop then and return ``{}``: only
+           the chief writes.
         6. ``task.final_weights`` sets the weights to export and evaluate; ``task.export``
            writes the SavedModel and the trainer ``DIR/model.keras`` (unless recorded as
            done) once the weights are found finite and the disk has room (`check_export`).
@@ -212,6 +215,8 @@ class Trainer:
             state = self._fit(task, context, model, data, request, spec, callbacks)
         elif is_chief():
             self._restore(model, state)
+        if self.run.strategy == "multi_worker":  # the chief may end its process after this
+            leave_together(self.strategy)
         if not is_chief():
             return {}
         final = task.final_weights(context, model)
