@@ -2,10 +2,11 @@
 and no worker left waiting for a peer that is gone.
 
 - `WorkerAgreement` (a callback, last in the list): when `fit` begins, every worker takes the
-  chief's weights, optimizer state and first epoch (the chief's are restored from its backup;
-  the other workers keep none), so a resumed or ``--restart``-ed run starts all of them from
-  one state. Each epoch ends with the chief's stop decision (its ``Patience``, ``MaxSteps``,
-  a user's ``EarlyStopping``) sent to every worker, so that all stop after the same epoch:
+  chief's weights and optimizer state (the chief's are restored from its backup; the other
+  workers keep none), so a resumed or ``--restart``-ed run starts all of them from one state
+  (the trainer passes every worker the chief's first epoch, `run.read_run_state`). Each
+  epoch ends with the chief's stop decision (its ``Patience``, ``MaxSteps``, a user's
+  ``EarlyStopping``) sent to every worker, so that all stop after the same epoch:
   a worker that went on alone would wait in the next step's all-reduce for ever.
 - `PeerWatch`: a thread that checks, every second, that the TensorFlow servers of the peers
   it watches still accept connections. A non-chief worker watches the chief from the
@@ -196,11 +197,7 @@ class WorkerAgreement(keras.callbacks.Callback):
         self.strategy, self.on_first_step = strategy, on_first_step
 
     def on_train_begin(self, logs=None):
-        import numpy as np
-
         model = self.model
-        epoch = from_replica_0(np.array([model._initial_epoch or 0], np.int64), self.strategy)
-        model._initial_epoch = int(epoch[0]) or None
         variables = list(model.weights) + list(getattr(model.optimizer, "variables", []))
         set_from_chief(variables, self.strategy)
 

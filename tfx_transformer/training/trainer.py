@@ -273,8 +273,11 @@ class Trainer:
             # not know yet ends its first epoch ("Your input ran out of data"), as if
             # `steps_per_epoch` had asked for more.
             warnings.filterwarnings("ignore", "Your input ran out of data", UserWarning)
+            # Every worker starts at the chief's epoch (`read_run_state`), the one the chief's
+            # backup restores.
             history = model.fit(data.train, validation_data=data.valid, epochs=epochs,
-                                shuffle=False, callbacks=all_callbacks, verbose=0)
+                                initial_epoch=self.resume_epoch, shuffle=False,
+                                callbacks=all_callbacks, verbose=0)
         epochs_done = max([e + 1 for e in history.epoch], default=0)
         if workdir.backup_metadata.exists():  # also counts the epochs of earlier processes
             epochs_done = json.loads(workdir.backup_metadata.read_text()).get("epoch", epochs_done)
