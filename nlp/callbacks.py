@@ -13,11 +13,10 @@ import os
 from collections.abc import Sequence
 
 import keras
-import tensorflow as tf
 
 from nlp.decoding import DecodingSettings
 from nlp.evaluate import evaluate
-from nlp.export import make_translate_fn
+from nlp.export import trace_translate_fn
 from nlp.tokenizer import Tokenizer
 from tfx_transformer import checks
 from tfx_transformer.training.callbacks import StopRule
@@ -59,8 +58,7 @@ class ValidationScores(keras.callbacks.Callback):
         if logs is None or not self.pairs or not is_chief():
             return
         if self._translate is None:  # traced once: the weights are variables
-            self._translate = tf.function(
-                make_translate_fn(self.model, self.tokenizer, self.decoding))
+            self._translate = trace_translate_fn(self.model, self.tokenizer, self.decoding)
         scores, _ = evaluate(self._translate, self.pairs, self.batch_size, progress=False)
         logs["val_bleu"], logs["val_chrf"] = float(scores["bleu"]), float(scores["chrf"])
 

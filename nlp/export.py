@@ -51,7 +51,7 @@ from nlp.tokenizer import Tokenizer
 from tfx_transformer.saved_model import write_saved_model
 from tfx_transformer.training.workdir import write_export_dir
 
-__all__ = ["SOURCE_LENGTH_MULTIPLE", "export_translator", "make_translate_fn"]
+__all__ = ["SOURCE_LENGTH_MULTIPLE", "export_translator", "make_translate_fn", "trace_translate_fn"]
 
 SOURCE_LENGTH_MULTIPLE = 16  # with XLA, sources are padded to this so few shapes compile
 
@@ -125,6 +125,24 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
     return translate
 
 
+def trace_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
+                       jit_compile: bool = False, nbest: bool = False):
+    """`make_translate_fn` as a `tf.function` of any batch of texts (``text (N,) tf.string``).
+
+    It is traced once, at its first call, whatever the batch sizes that follow; a plain
+    `tf.function` traces the whole search again for each new one. `export_translator` saves
+    one given to it as the serving signature instead of tracing the same search again, so a
+    run that evaluates with it and exports it traces its search once.
+    """
+    return tf.function(make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile,
+                                         nbest=nbest),
+                       input_signature=[_text_spec()], autograph=False)
+
+
+def _text_spec():
+    return tf.TensorSpec([None], tf.string, name=INPUT_KEY)
+
+
 def _serving(translate):
     def serve(text):
         return {OUTPUT_KEY: translate(text)}
@@ -162,7 +180,8 @@ def _info(decoding: DecodingSettings, tokenizer: Tokenizer) -> dict:
 
 
 def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
-                      decoding: DecodingSettings, jit_compile: bool = False) -> str:
+                      decoding: DecodingSettings, jit_compile: bool = False,
+                      translate=None) -> str:
     """Writes the SavedModel (signatures ``SERVING``, ``GREEDY``, ``NBEST``) and
     ``translator.json``.
 
@@ -177,6 +196,8 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
         decoding: how ``SERVING`` and ``NBEST`` decode; ``GREEDY`` uses the same with
             ``beam_size=1``.
         jit_compile: XLA-compile the search loop (see ``make_translate_fn``).
+        translate: ``trace_translate_fn(model, tokenizer, decoding, jit_compile)`` when the
+            caller has one (it is saved as ``SERVING``); None: traced here.
 
     Returns:
         ``path`` as a string.
@@ -184,8 +205,9 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
     _check_decoding(decoding)
 
     def write(directory):
-        text_spec = [tf.TensorSpec([None], tf.string, name=INPUT_KEY)]
-        serve = _serving(make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile))
+        text_spec = [_text_spec()]
+        serve = _serving(translate if translate is not None else make_translate_fn(
+            model, tokenizer, decoding, jit_compile=jit_compile))
         # With a beam of one, the two signatures are one function, traced once.
         greedy = serve if decoding.greedy() == decoding else _serving(
             make_translate_fn(model, tokenizer, decoding.greedy(), jit_compile=jit_compile))

@@ -20,7 +20,7 @@ from nlp.config import NMTConfig
 from nlp.data.batching import count_batches, make_batches
 from nlp.data.sources import load_pairs
 from nlp.evaluate import evaluate
-from nlp.export import export_translator, make_translate_fn
+from nlp.export import export_translator, trace_translate_fn
 from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
 from nlp.model import build_model
 from nlp.model_dir import fine_tuning, workdir_tokenizer
@@ -170,6 +170,7 @@ class TranslationTask(Task):
                  log: Callable[..., None] = print, init_from: str | os.PathLike | None = None):
         self.data, self.run, self.log = data, run, log
         self.initial, self.state_files = None, (TOKENIZER_FILE,)
+        self._traced = (None, None)  # `_translate`: (model, its traced search)
         if init_from is not None:
             config, self.initial = fine_tuning(config, init_from, log)
             self.state_files = self.initial.tokenizer_files
@@ -260,13 +261,22 @@ class TranslationTask(Task):
         """The mean of the last epochs' weights (``average_last``), or the best epoch."""
         return self.averaging.choose(model, context.workdir)
 
+    def _translate(self, model: keras.Model):
+        """The run's search (``config.decoding``) of ``model``, traced once for the export and
+        the evaluation."""
+        if self._traced[0] is not model:
+            self._traced = (model, trace_translate_fn(model, self.tokenizer,
+                                                      self.config.decoding))
+        return self._traced[1]
+
     def export(self, model: keras.Model, path) -> None:
-        export_translator(model, self.tokenizer, path, self.config.decoding)
+        export_translator(model, self.tokenizer, path, self.config.decoding,
+                          translate=self._translate(model))
 
     def evaluate(self, model: keras.Model) -> dict:
         """Held-out BLEU, chrF and exact match (sacrebleu), samples, data and config."""
         config, run = self.config, self.run
-        translate = tf.function(make_translate_fn(model, self.tokenizer, config.decoding))
+        translate = self._translate(model)
         pairs = self.valid_pairs
         held_out = pairs if run.eval_limit is None else pairs[:run.eval_limit]
         # The bar only on a terminal: a log file would get each of its redraws.
