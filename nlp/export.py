@@ -54,6 +54,7 @@ from tfx_transformer.training.workdir import write_export_dir
 __all__ = ["SOURCE_LENGTH_MULTIPLE", "export_translator", "make_translate_fn", "trace_translate_fn"]
 
 SOURCE_LENGTH_MULTIPLE = 16  # with XLA, sources are padded to this so few shapes compile
+_TEXT_SPEC = tf.TensorSpec([None], tf.string, name=INPUT_KEY)  # every signature's input
 
 
 def _check_decoding(decoding) -> None:
@@ -126,7 +127,7 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
 
 
 def trace_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
-                       jit_compile: bool = False, nbest: bool = False):
+                       jit_compile: bool = False):
     """`make_translate_fn` as a `tf.function` of any batch of texts (``text (N,) tf.string``).
 
     It is traced once, at its first call, whatever the batch sizes that follow; a plain
@@ -134,13 +135,8 @@ def trace_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
     one given to it as the serving signature instead of tracing the same search again, so a
     run that evaluates with it and exports it traces its search once.
     """
-    return tf.function(make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile,
-                                         nbest=nbest),
-                       input_signature=[_text_spec()], autograph=False)
-
-
-def _text_spec():
-    return tf.TensorSpec([None], tf.string, name=INPUT_KEY)
+    return tf.function(make_translate_fn(model, tokenizer, decoding, jit_compile=jit_compile),
+                       input_signature=[_TEXT_SPEC], autograph=False)
 
 
 def _serving(translate):
@@ -205,7 +201,7 @@ def export_translator(model, tokenizer: Tokenizer, path: str | os.PathLike,
     _check_decoding(decoding)
 
     def write(directory):
-        text_spec = [_text_spec()]
+        text_spec = [_TEXT_SPEC]
         serve = _serving(translate if translate is not None else make_translate_fn(
             model, tokenizer, decoding, jit_compile=jit_compile))
         # With a beam of one, the two signatures are one function, traced once.
