@@ -25,6 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # a test do not (Ray Serve counts a request as queued until a replica is chosen for it).
 MAX_QUEUE = 16
 START_TIMEOUT = 240  # seconds: Ray's start and two TensorFlow loads on a busy 2-core machine
+# Seconds between the status and predict probes while the models load (5 or 6 pairs on an idle
+# 2-core host): a pair every 0.1 s, some 70 requests through Ray's proxy, cost ~2 s of CPU.
+PROBE_INTERVAL = 1.0
 
 
 def free_port() -> int:
@@ -62,17 +65,20 @@ class Server:
         return any(line.startswith(prefix) for line in self.lines)
 
     def wait_ready(self, probe_model: str) -> None:
-        """Waits for ``ready:``, asking ``probe_model``'s status and a predict meanwhile."""
+        """Waits for ``ready:``, asking ``probe_model``'s status and a predict meanwhile: at
+        once when the server listens, then every `PROBE_INTERVAL` seconds while it loads."""
         deadline = time.monotonic() + START_TIMEOUT
+        next_probe = 0.0
         while not self._has("ready:"):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError("serve.py did not get ready:\n" + "\n".join(
                     self.lines + self.stderr[-30:]))
-            if self._has("listening on"):
+            if self._has("listening on") and time.monotonic() >= next_probe:
                 self.early.append(("status", *self.get(f"/v1/models/{probe_model}")))
                 self.early.append(("predict", *self.post(f"/v1/models/{probe_model}:predict",
                                                          {"instances": ["Hello."]})))
+                next_probe = time.monotonic() + PROBE_INTERVAL
             time.sleep(0.1)
 
     def request(self, path: str, data: bytes | None = None, method: str | None = None,

@@ -26,6 +26,10 @@ from tfx_transformer.serving.app import parse_model_path
 from tfx_transformer.serving.model import ServedModel
 from tfx_transformer.serving.rest import RestError, format_response, parse_predict
 
+# On the worker of the shared server: `parse_model_path`'s module imports Ray Serve and FastAPI
+# (0.9 s of CPU), which that worker imports anyway and no other test file does.
+pytestmark = pytest.mark.xdist_group("serving")
+
 # TF Serving's REST API documentation: the same two instances in row and in columnar format.
 ROW_EXAMPLE = {"instances": [
     {"tag": "foo", "signal": [1, 2, 3, 4, 5], "sensor": [[1, 2], [3, 4]]},
