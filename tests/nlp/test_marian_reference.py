@@ -7,8 +7,8 @@ each as the Hub serves an OPUS-MT folder, and records transformers' encoder outp
 ``generate`` results and ``MarianTokenizer`` ids. Each folder, read by `nlp.marian.read_marian`,
 must give the same numbers: encoder output and logits within 1e-4, the same beam-search and
 greedy tokens, the same source ids and decoded strings. The ``separate`` folder is also
-converted with ``scripts/convert_nmt.py`` (the command users run), and its export must
-translate as ``generate`` does, here and in a process with only TensorFlow and TF-Text.
+converted by the command users run (``scripts/convert_nmt.py``'s `main`, by its Hub id), and
+its export must translate as ``generate`` does in a process with only TensorFlow and TF-Text.
 Needs torch and transformers (``make test`` installs them).
 """
 
@@ -30,7 +30,6 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
 
 from nlp.decoding import DecodingSettings, search  # noqa: E402
 from nlp.marian import marian_settings, read_marian  # noqa: E402
-from nlp.model_dir import read_model_dir  # noqa: E402
 
 _REFERENCE = os.path.join(os.path.dirname(__file__), "reference_marian.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -90,14 +89,24 @@ def hub_cache(root, folder, repo_id=HUB_ID, commit=COMMIT):
 @pytest.fixture(scope="module")
 def exported(references):
     """The separate vocabularies' folder (two vocabulary files, the smaller model) converted
-    by the command users run, by its Hub id from a Hub cache with HF_HUB_OFFLINE=1, the
+    by the command users run (scripts/convert_nmt.py is `main`; run in this process, which
+    has TensorFlow loaded already), by its Hub id from a Hub cache with HF_HUB_OFFLINE=1, the
     revision pinned: (expected json, DIR)."""
+    from huggingface_hub import constants
+
+    from nlp.commands.convert import main
+
     folder, _, expected = references("separate")
     cache = hub_cache(folder.parent / f"{folder.name}-hub", folder)
     out = folder.parent / f"{folder.name}-converted"
-    subprocess.run([sys.executable, os.path.join(_ROOT, "scripts", "convert_nmt.py"), HUB_ID,
-                    "--revision", COMMIT, "--out", str(out)], check=True, capture_output=True,
-                   env={**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})
+    with pytest.MonkeyPatch.context() as patch:
+        # As a process started with these variables sees them (huggingface_hub reads them
+        # once, at its import, into `constants`, which it consults at each call).
+        for name, value in (("HF_HUB_CACHE", str(cache)), ("HF_HUB_OFFLINE", "1")):
+            patch.setenv(name, value)
+        patch.setattr(constants, "HF_HUB_CACHE", str(cache))
+        patch.setattr(constants, "HF_HUB_OFFLINE", True)
+        assert main([HUB_ID, "--revision", COMMIT, "--out", str(out)]) == 0
     return expected, out
 
 
@@ -155,22 +164,24 @@ import json, sys, numpy as np, tensorflow as tf, tensorflow_text
 export, model_file, inputs, logits, sentences = sys.argv[1:5] + [json.loads(sys.argv[5])]
 t = tf.saved_model.load(export)
 out = t.signatures['serving_default'](text=tf.constant(sentences))
+nbest = t.signatures['translate_nbest'](text=tf.constant(sentences))
 mods = [m for m in sys.modules if m.split('.')[0] in ('nlp', 'tfx_transformer')]
 translations = [s.decode() for s in out['translation'].numpy()]
+best = [h.decode() for h in nbest['hypotheses'].numpy()[:, 0]]
 import nlp, keras
 model = keras.saving.load_model(model_file)
 inputs = np.load(inputs)
 memory, mask = model.encode(inputs['source'])
 np.save(logits, keras.ops.convert_to_numpy(model.decode(inputs['target'], memory, mask)))
-print(json.dumps([translations, mods]))
+print(json.dumps([translations, best, mods]))
 """
 
 
 @pytest.fixture(scope="module")
 def outside(exported, references, tmp_path_factory):
     """What `_OUTSIDE` got from the converted folder: (translations of the reference
-    sentences, modules of this project loaded by then, model.keras's logits of the reference
-    inputs)."""
+    sentences by the serving and the n-best signatures, modules of this project loaded by
+    then, model.keras's logits of the reference inputs)."""
     expected, out = exported
     _, arrays, _ = references("separate")
     tmp = tmp_path_factory.mktemp("outside")
@@ -180,34 +191,32 @@ def outside(exported, references, tmp_path_factory):
                            str(out / "model.keras"), str(tmp / "inputs.npz"),
                            str(tmp / "logits.npy"), json.dumps(expected["sentences"])],
                           capture_output=True, text=True, cwd=tmp, check=True)
-    translations, mods = json.loads(done.stdout.strip().splitlines()[-1])
-    return translations, mods, np.load(tmp / "logits.npy")
+    translations, best, mods = json.loads(done.stdout.strip().splitlines()[-1])
+    return translations, best, mods, np.load(tmp / "logits.npy")
 
 
 def test_the_export_translates_a_batch_as_generate_does_each_sentence(exported, outside):
     # The export decodes each sentence at most its source length + extra_length tokens, as
     # transformers' generate does with max_new_tokens set so, sentence by sentence.
+    # The export runs in a process with only TensorFlow and TF-Text (no module of this
+    # project), its best n-best hypotheses and its translations alike.
     expected, out = exported
     info = json.loads((out / "export" / "translator.json").read_text())
     assert info["convention"] == "transformers"
     assert json.loads((out / "model.json").read_text())["source"] == f"{HUB_ID}@{COMMIT}"
-    translator = tf.saved_model.load(str(out / "export"))
-    nbest = translator.signatures["translate_nbest"](text=tf.constant(expected["sentences"]))
-    _, tokenizer, _, _ = read_model_dir(out)
-    texts = [tokenizer.decode(ids) for ids in expected["generate_single"]]
-    got = [h.decode() for h in nbest["hypotheses"].numpy()[:, 0]]
+    # transformers' generate, sentence by sentence, decoded by MarianTokenizer
+    texts = expected["generate_single_decoded"]
+    assert len(texts) == len(expected["sentences"]) == len(set(texts))
     assert expected["extra_length"] == DecodingSettings().extra_length
-    assert got == texts
-    # A process with only TensorFlow and TF-Text (no module of this project) runs it too.
-    translations, mods, _ = outside
-    assert (translations, mods) == (texts, [])
+    translations, best, mods, _ = outside
+    assert (best, translations, mods) == (texts, texts, [])
 
 
 def test_the_converted_model_keras_loads_after_import_nlp_with_the_references_logits(
         outside, references):
     # What a Keras user does with the converter's model.keras: `import nlp`, then load it.
     _, arrays, _ = references("separate")
-    np.testing.assert_allclose(outside[2], arrays["logits"], atol=1e-4)
+    np.testing.assert_allclose(outside[3], arrays["logits"], atol=1e-4)
 
 
 VARIANTS = [(config, name) for config, names in
@@ -242,7 +251,7 @@ def test_every_release_field_set_converts_and_equals_transformers(references, co
         assert expected["generate_batch"] == base["generate_batch"]
         assert expected["greedy_batch"] == base["greedy_batch"]
     else:
-        beam = search(model, arrays["input_ids"], decoding, max_length=20)
+        beam = search(model, arrays["input_ids"], decoding, max_length=expected["max_new_tokens"])
         assert _rows(beam, tokenizer.eos_id) == expected["generate_batch"]
 
 
