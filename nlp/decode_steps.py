@@ -54,11 +54,17 @@ def _log_probs(model, logits, step, limit, renormalize: bool, forced_bos_id=None
     bans (their share lost; transformers' ``renormalize_logits=False``). One log-softmax,
     except for transformers' convention with ``renormalize``: normalize, ban, normalize again,
     its arithmetic kept bit for bit (one log-softmax over the allowed ids is the same up to
-    rounding, and that rounding changed 1 of 100 beam translations of a base-size model)."""
+    rounding, and that rounding changed 1 of 100 beam translations of a base-size model).
+    In transformers' convention the eos forced at a row's last step has log-probability 0
+    whether or not the step is normalized again (its ``forced_eos_token_id``)."""
     if renormalize and convention != "transformers":
         return ops.log_softmax(_restrict(model, logits, step, limit, forced_bos_id), axis=-1)
     logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
     logp = _restrict(model, logp, step, limit, forced_bos_id)
+    if convention == "transformers":  # its forced eos (a row's last step) at log-probability 0
+        last = ops.greater_equal(step, limit - 1)[:, None]  # (R, 1)
+        vocab = ops.arange(ops.shape(logp)[-1])
+        logp = ops.where(last & (vocab == model.eos_id), 0.0, logp)
     return ops.log_softmax(logp, axis=-1) if renormalize else logp
 
 

@@ -130,13 +130,10 @@ def m2m100_settings(config: dict, generation: dict) -> tuple[dict, DecodingSetti
         position_offset=pad + 1, scale_embedding=bool(get("scale_embedding", True)),
         norm_first=True, tie_embeddings=True, pad_id=pad, decoder_start_id=start, eos_id=eos,
         banned_ids=banned)
-    # With no banned id, renormalizing changes one step only: a sentence's last, where </s>
-    # alone is allowed and gets log-probability 0, as transformers' forced_eos_token_id gives
-    # it (see the module docstring).
     decoding = DecodingSettings(beam_size=int(get("num_beams") or 4),
                                 length_penalty=float(get("length_penalty", 1.0)),
                                 convention="transformers",
-                                renormalize=bool(get("renormalize_logits", False)) or not banned)
+                                renormalize=bool(get("renormalize_logits", False)))
     return kwargs, decoding
 
 

@@ -99,7 +99,7 @@ SCALES = {"shared": {"embed": 0.12, "qk": 0.8, "vo": 0.1, "fc": 0.2, "eos": 2.15
           "separate": {"embed": 0.15, "qk": 1.0, "vo": 0.1, "fc": 0.35, "eos": 1.3}}
 PAD_BIAS = 4.0  # added to final_logits_bias[pad]: banning pad without renormalizing shows
 M = 12  # max_new_tokens of the batch generations
-M_UNBANNED = 20  # the fine-tune variant's (pad not banned, no renormalize_logits)
+M_UNBANNED = 6  # the fine-tune variant's (pad not banned, no renormalize_logits)
 EXTRA = 50  # generate_single: max_new_tokens = source length (with eos) + EXTRA, the export's
 
 EN_WORDS = (

@@ -265,7 +265,8 @@ def test_nbest_lists_are_sorted_distinct_rescorable_and_start_with_the_best(mode
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_transformers_convention_scores_log_p_over_length(model4, renormalize):
     # transformers' generate: log-softmax over the whole vocabulary, the banned ids removed
-    # (and, with renormalize_logits, a log-softmax again), score log p / n ** length_penalty.
+    # (and, with renormalize_logits, a log-softmax again), score log p / n ** length_penalty;
+    # at a row's last step its forced eos replaces the step's scores by 0 for eos alone.
     model, extra = model4, 5
     settings = decoding.DecodingSettings(beam_size=3, length_penalty=1.0, extra_length=extra,
                                          convention="transformers", renormalize=renormalize)
@@ -282,8 +283,8 @@ def test_transformers_convention_scores_log_p_over_length(model4, renormalize):
             for t, token in enumerate(seq):
                 step = _log_softmax(logits[t])
                 step[[0, 1, BOS_ID]] = -np.inf  # pad, unk, bos
-                if t == limit - 1:
-                    step[np.arange(len(step)) != EOS] = -np.inf
+                if t == limit - 1:  # ForcedEOSTokenLogitsProcessor: eos alone, log p 0
+                    step = np.where(np.arange(len(step)) == EOS, 0.0, -np.inf)
                 logp += (_log_softmax(step) if renormalize else step)[token]
             np.testing.assert_allclose(score, logp / len(seq), rtol=1e-4, atol=1e-4)
 
