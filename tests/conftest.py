@@ -43,6 +43,37 @@ def _fresh_keras_state():
     keras.config.set_dtype_policy("float32")
 
 
+# The reference scripts that run transformers' modeling code (it crashes a process that has
+# TensorFlow loaded): name -> script. `torch_references` runs them all in one process, so torch
+# and transformers are imported once; the tests that use it share the xdist group
+# "torch_reference" (one worker makes them, once).
+# name -> (script, what it writes: an .npz file, or a folder "").
+TORCH_REFERENCES = {"deformable_attention": ("layers/reference_deformable_attention.py", ".npz"),
+                    "rtdetr_decoder": ("vision/reference_rtdetr_decoder.py", ".npz"),
+                    "rtdetr": ("vision/reference_rtdetr.py", "")}
+
+
+@pytest.fixture(scope="session")
+def torch_references(tmp_path_factory):
+    """{name: the path its script wrote (``main(path)``)} of `TORCH_REFERENCES`."""
+    import importlib.util
+
+    if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+        pytest.skip("torch and transformers are not installed (make test installs them)")
+    tmp = tmp_path_factory.mktemp("torch_references")
+    paths = {name: str(tmp / (name + suffix)) for name, (_, suffix) in TORCH_REFERENCES.items()}
+    jobs = [(str(ROOT / "tests" / script), paths[name]) for name, (script, _) in
+            TORCH_REFERENCES.items()]
+    code = ("import runpy, sys, json\n"
+            "for script, out in json.loads(sys.argv[1]):\n"
+            "    runpy.run_path(script)['main'](out)\n")
+    import json
+
+    subprocess.run([sys.executable, "-c", code, json.dumps(jobs)], check=True,
+                   env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"})
+    return paths
+
+
 # --- Shared exports, written once per test run. Read them; copy (shutil.copytree) to change. ---
 
 

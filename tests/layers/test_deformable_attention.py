@@ -9,9 +9,6 @@ given the same weights, must give their outputs within 1e-5.
 """
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,7 +19,6 @@ from tfx_transformer.layers.testing import check_layer
 SHAPES = [(3, 4), (2, 3)]  # (height, width) of each level
 LENGTH = sum(h * w for h, w in SHAPES)
 DENSES = ("sampling_offsets", "attention_weights", "value_proj", "output_proj")
-_REFERENCE = os.path.join(os.path.dirname(__file__), "reference_deformable_attention.py")
 
 
 # --- The NumPy transcription ---
@@ -165,13 +161,8 @@ def test_random_weights_match_the_numpy_transcription(case):
 
 
 @pytest.fixture(scope="module")
-def transformers_cases(tmp_path_factory):
-    if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
-        pytest.skip("torch and transformers are not installed (make test installs them)")
-    path = tmp_path_factory.mktemp("deformable") / "reference.npz"
-    # transformers runs in its own process: its modeling code crashes one with TensorFlow.
-    subprocess.run([sys.executable, _REFERENCE, str(path)], check=True,
-                   env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"})
+def transformers_cases(torch_references):
+    path = torch_references["deformable_attention"]  # reference_deformable_attention.py's
     arrays = dict(np.load(path))
     assert [tuple(s) for s in arrays.pop("spatial_shapes")] == SHAPES
     cases = {}
@@ -190,7 +181,7 @@ TRANSFORMERS_CASES = {  # case -> layer arguments (as reference_deformable_atten
 }
 
 
-@pytest.mark.xdist_group("deformable_reference")  # one worker runs the reference once
+@pytest.mark.xdist_group("torch_reference")  # one worker makes the references
 @pytest.mark.parametrize("case", sorted(TRANSFORMERS_CASES))
 def test_transformers_deformable_attention_at_random_weights(transformers_cases, case):
     arrays = transformers_cases[case]

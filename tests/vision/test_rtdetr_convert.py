@@ -10,10 +10,9 @@ and two backbones alone (basic blocks; bottlenecks with ``downsample_in_bottlene
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,21 +24,18 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
     pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
                 "is not installed", allow_module_level=True)
 
-# One worker runs them all: the reference is made once (a module fixture is per worker).
-pytestmark = pytest.mark.xdist_group("rtdetr_reference")
+# One worker runs them all: the references are made once (a fixture is per worker).
+pytestmark = pytest.mark.xdist_group("torch_reference")
 
-_REFERENCE = os.path.join(os.path.dirname(__file__), "reference_rtdetr.py")
 # |ours - transformers'| <= ATOL + RTOL * |transformers'|: the feature maps reach 80 (float32
 # rounding of 1e-7 relative per operation).
 ATOL, RTOL = 1e-4, 1e-5
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(torch_references):
     """(folder, expected arrays) of reference_rtdetr.py."""
-    folder = tmp_path_factory.mktemp("rtdetr")
-    subprocess.run([sys.executable, _REFERENCE, str(folder)], check=True,
-                   env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    folder = pathlib.Path(torch_references["rtdetr"])
     expected = dict(np.load(folder / "expected.npz"))
     # The top-k selections must not hang on rounding: the reference keeps clear of ties.
     assert expected["topk_margin"] > 5e-4

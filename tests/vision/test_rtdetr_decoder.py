@@ -6,11 +6,7 @@ self-attention mask) in a process of its own; its state, mapped by `transformers
 must give every layer's logits and boxes within 1e-4.
 """
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -25,8 +21,7 @@ from vision.modeling.rtdetr_decoder import (
 )
 
 # The tests reading the reference stay on one worker, which runs it once.
-pytestmark = pytest.mark.xdist_group("rtdetr_decoder_reference")
-_REFERENCE = os.path.join(os.path.dirname(__file__), "reference_rtdetr_decoder.py")
+pytestmark = pytest.mark.xdist_group("torch_reference")
 SETTINGS = {"decoder": dict(num_layers=3, num_heads=4, ffn_dim=64, num_points=2, num_levels=3,
                             dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                             activation="relu", layer_norm_epsilon=1e-5)}
@@ -35,13 +30,8 @@ LENGTH = sum(h * w for h, w in SHAPES)
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
-        pytest.skip("torch and transformers are not installed (make test installs them)")
-    path = tmp_path_factory.mktemp("rtdetr_decoder") / "reference.npz"
-    # transformers runs in its own process: its modeling code crashes one with TensorFlow.
-    subprocess.run([sys.executable, _REFERENCE, str(path)], check=True,
-                   env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"})
+def reference(torch_references):
+    path = torch_references["rtdetr_decoder"]  # reference_rtdetr_decoder.py's arrays
     arrays = dict(np.load(path))
     state = {k: v for k, v in arrays.items() if k.startswith("model.decoder.")}
     return state, {k: v for k, v in arrays.items() if k not in state}
