@@ -47,26 +47,31 @@ def _fresh_keras_state():
 # TensorFlow loaded): name -> script. `torch_references` runs them all in one process, so torch
 # and transformers are imported once; the tests that use it share the xdist group
 # "torch_reference" (one worker makes them, once).
-# name -> (script, what it writes: an .npz file, or a folder "").
-TORCH_REFERENCES = {"deformable_attention": ("layers/reference_deformable_attention.py", ".npz"),
-                    "rtdetr_decoder": ("vision/reference_rtdetr_decoder.py", ".npz"),
-                    "rtdetr": ("vision/reference_rtdetr.py", "")}
+# name -> (script, what its ``main(path, *args)`` writes: an .npz file, or a folder "", args).
+TORCH_REFERENCES = {
+    **{f"marian_{config}": ("nlp/reference_marian.py", "", (config,))
+       for config in ("shared", "separate", "tcbig")},
+    "m2m100": ("nlp/reference_m2m100.py", "", ()),
+    "deformable_attention": ("layers/reference_deformable_attention.py", ".npz", ()),
+    "rtdetr_decoder": ("vision/reference_rtdetr_decoder.py", ".npz", ()),
+    "rtdetr": ("vision/reference_rtdetr.py", "", ()),
+}
 
 
 @pytest.fixture(scope="session")
 def torch_references(tmp_path_factory):
-    """{name: the path its script wrote (``main(path)``)} of `TORCH_REFERENCES`."""
+    """{name: the path (`pathlib.Path`) its script wrote} of `TORCH_REFERENCES`."""
     import importlib.util
 
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         pytest.skip("torch and transformers are not installed (make test installs them)")
     tmp = tmp_path_factory.mktemp("torch_references")
-    paths = {name: str(tmp / (name + suffix)) for name, (_, suffix) in TORCH_REFERENCES.items()}
-    jobs = [(str(ROOT / "tests" / script), paths[name]) for name, (script, _) in
-            TORCH_REFERENCES.items()]
+    paths = {name: tmp / (name + suffix) for name, (_, suffix, _) in TORCH_REFERENCES.items()}
+    jobs = [(str(ROOT / "tests" / script), str(paths[name]), args)
+            for name, (script, _, args) in TORCH_REFERENCES.items()]
     code = ("import runpy, sys, json\n"
-            "for script, out in json.loads(sys.argv[1]):\n"
-            "    runpy.run_path(script)['main'](out)\n")
+            "for script, out, args in json.loads(sys.argv[1]):\n"
+            "    runpy.run_path(script)['main'](out, *args)\n")
     import json
 
     subprocess.run([sys.executable, "-c", code, json.dumps(jobs)], check=True,

@@ -18,15 +18,13 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import unicodedata
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-pytestmark = pytest.mark.xdist_group("m2m100_reference")  # its module fixtures are built once
+pytestmark = pytest.mark.xdist_group("torch_reference")  # its fixtures are built once
 
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("torch and transformers are not installed (make test installs them)",
@@ -41,7 +39,6 @@ from nlp.hf_config import read_weights  # noqa: E402
 from nlp.m2m100 import read_m2m100  # noqa: E402
 from nlp.model_dir import read_model_dir  # noqa: E402
 
-_REFERENCE = os.path.join(os.path.dirname(__file__), "reference_m2m100.py")
 SOURCE, TARGET = "eng_Latn", "deu_Latn"
 EOS = 2
 
@@ -51,12 +48,9 @@ def _quiet(*_):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """(folder, expected arrays, expected json) of one run of reference_m2m100.py (transformers
-    runs in its own process: its modeling code crashes a process that has TensorFlow loaded)."""
-    folder = tmp_path_factory.mktemp("nllb-200-tiny")
-    subprocess.run([sys.executable, _REFERENCE, str(folder)], check=True, capture_output=True,
-                   env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+def reference(torch_references):
+    """(folder, expected arrays, expected json) of reference_m2m100.py (`torch_references`)."""
+    folder = torch_references["m2m100"]
     return (folder, dict(np.load(folder / "expected.npz")),
             json.loads((folder / "expected.json").read_text()))
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-pytestmark = pytest.mark.xdist_group("marian_reference")  # its module fixtures are built once
+pytestmark = pytest.mark.xdist_group("torch_reference")  # its fixtures are built once
 
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("torch and transformers are not installed (make test installs them)",
@@ -31,7 +31,6 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
 from nlp.decoding import DecodingSettings, search  # noqa: E402
 from nlp.marian import marian_settings, read_marian  # noqa: E402
 
-_REFERENCE = os.path.join(os.path.dirname(__file__), "reference_marian.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -39,23 +38,14 @@ CONFIGS = ("shared", "separate", "tcbig")
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """``reference(config)``: (folder, expected arrays, expected json); both configs are
-    written by one run of reference_marian.py (one import of torch and transformers)."""
-    made = {}
+def references(torch_references):
+    """``reference(config)``: (folder, expected arrays, expected json) of reference_marian.py
+    (`torch_references`: one process imports torch and transformers for every reference)."""
 
     def reference(config):
-        if not made:
-            folders = [tmp_path_factory.mktemp(f"opus-mt-{name}") for name in CONFIGS]
-            # transformers runs in its own process: its modeling code crashes a process that
-            # has TensorFlow loaded.
-            subprocess.run([sys.executable, _REFERENCE, *map(str, folders),
-                            *[arg for name in CONFIGS for arg in ("--config", name)]],
-                           check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-            for name, folder in zip(CONFIGS, folders):
-                made[name] = (folder, dict(np.load(folder / "expected.npz")),
-                              json.loads((folder / "expected.json").read_text()))
-        return made[config]
+        folder = torch_references[f"marian_{config}"]
+        return (folder, dict(np.load(folder / "expected.npz")),
+                json.loads((folder / "expected.json").read_text()))
 
     return reference
 
