@@ -1,4 +1,5 @@
-"""transformers' DETR-R50 of random weights, saved in both published layouts, and its outputs.
+"""transformers' DETR-R50 of random weights, saved in both published layouts, and its outputs
+(two encoder and two decoder layers: `LAYERS`).
 
 ``python reference_detr.py FOLDER`` (FOLDER/id2label.json: the class of each of the 91
 outputs, "N/A" for the ids COCO leaves unused) writes FOLDER/detr-resnet-50/ (``save_pretrained``:
@@ -27,6 +28,10 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 BACKBONE = "model.backbone.conv_encoder.model."  # the backbone's prefix in saved checkpoints
+# Two encoder and two decoder layers, not the published six: each layer's names are converted
+# alike (its index aside), and two decoder layers still give an intermediate (aux) output;
+# the other sizes (d 256, 8 heads, FFN 2048, 100 queries, ResNet-50) are the published ones.
+LAYERS = 2
 
 
 def timm_name(name: str) -> str:
@@ -87,7 +92,8 @@ def main(folder: str) -> None:
     resnet50 = transformers.ResNetConfig(depths=[3, 4, 6, 3], layer_type="bottleneck",
                                          downsample_in_bottleneck=False, out_features=["stage4"])
     config = transformers.DetrConfig(use_timm_backbone=False, backbone_config=resnet50,
-                                     use_pretrained_backbone=False, id2label=id2label,
+                                     use_pretrained_backbone=False, encoder_layers=LAYERS,
+                                     decoder_layers=LAYERS, id2label=id2label,
                                      label2id={v: k for k, v in id2label.items()})
     model = transformers.DetrForObjectDetection(config).eval()
     with torch.no_grad():
