@@ -132,19 +132,14 @@ def _decode_step(model, tokens, index, caches, cross, memory_mask):
 
 
 def _while_loop(cond, body, state, shrinking=None):
-    """``ops.while_loop``; ``shrinking`` ``{position: axis}`` names the loop variables whose size
-    on that axis may change from step to step (TensorFlow: a ``None`` shape invariant there;
-    not for XLA, whose shapes are static)."""
+    """``ops.while_loop``; ``shrinking`` ``{position: axis or axes}`` names the loop variables
+    whose size on those axes may change from step to step (TensorFlow: a ``None`` shape
+    invariant there; not for XLA, whose shapes are static)."""
     if not shrinking:
         return ops.while_loop(cond, body, state)
     import tensorflow as tf
 
-    invariants = []
-    for position, x in enumerate(state):
-        shape = list(x.shape)
-        if position in shrinking:
-            shape[shrinking[position]] = None
-        invariants.append(tf.TensorShape(shape))
+    invariants = [tf.TensorShape(_unknown(x, shrinking.get(k))) for k, x in enumerate(state)]
     return tf.while_loop(cond, lambda *s: tuple(body(*s)), tuple(state),
                          shape_invariants=tuple(invariants))
 
@@ -163,10 +158,35 @@ def _cached_loop(cond, body, state, num_caches, first_width, max_length, shrinki
 
     Runs while ``cond(W, *state)`` with the caches ``first_width`` wide, then pads them with
     zeros to ``max_length`` and runs on while ``cond(max_length, *state)`` (no step at all
-    when the batch was decided within ``first_width``). ``shrinking``: see `_while_loop`.
+    when the batch was decided within ``first_width``). ``shrinking``: see `_while_loop`; with
+    it (TensorFlow), the caches' width is left unknown too and both loops call one
+    `tf.function` of ``body``, traced once: a search's graph is built in about half the time.
     """
+    if shrinking:
+        shrinking = {**shrinking, **{k: (shrinking.get(k), 3)
+                                     for k in range(len(state) - num_caches, len(state))}}
+        body = _traced_once(body, state, shrinking)
     state = _while_loop(functools.partial(cond, first_width), body, state, shrinking)
     rest, caches = state[:-num_caches], state[-num_caches:]
     padding = [[0, 0], [0, 0], [0, 0], [0, max_length - first_width], [0, 0]]
     caches = tuple(ops.pad(cache, padding) for cache in caches)
     return _while_loop(functools.partial(cond, max_length), body, (*rest, *caches), shrinking)
+
+
+def _unknown(x, axes):
+    """``x``'s shape with the ``axes`` (an int, None, or a tuple of them) unknown."""
+    shape = list(x.shape)
+    for axis in axes if isinstance(axes, tuple) else (axes,):
+        if axis is not None:
+            shape[axis] = None
+    return shape
+
+
+def _traced_once(body, state, shrinking):
+    """``body`` as a `tf.function` of loop variables shaped like ``state``, with the axes
+    ``shrinking`` names unknown."""
+    import tensorflow as tf
+
+    specs = [tf.TensorSpec(_unknown(x, shrinking.get(k)), x.dtype)
+             for k, x in enumerate(state)]
+    return tf.function(lambda *s: tuple(body(*s)), input_signature=specs, autograph=False)
