@@ -149,14 +149,14 @@ def test_convert_writes_a_model_directory_that_detect_and_fine_tuning_take(check
     # The export gives what the converted model gives (bare TensorFlow, another process), on
     # an image that its resize (shorter side 800, longer at most 1333) leaves as it is.
     expected = load_reference_checkpoint(path)
-    image = np.random.default_rng(1).integers(0, 256, (1, 64, 1333, 3), dtype="uint8")
+    image = np.random.default_rng(1).integers(0, 256, (1, 16, 1333, 3), dtype="uint8")
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
     outputs = expected({"images": ((image / 255.0 - mean) / std).astype("float32")})
     probs = keras.ops.convert_to_numpy(keras.ops.softmax(outputs["pred_logits"]))[..., :-1]
     assert np.isfinite(probs).all() and np.ptp(probs.max(-1)) > 1e-3  # each query its own
     script = ("import sys, numpy as np, tensorflow as tf\n"
               "m = tf.saved_model.load(sys.argv[1])\n"
-              "image = np.random.default_rng(1).integers(0, 256, (1, 64, 1333, 3), 'uint8')\n"
+              "image = np.random.default_rng(1).integers(0, 256, (1, 16, 1333, 3), 'uint8')\n"
               "out = m.signatures['serving_default'](images=tf.constant(image))\n"
               "np.save(sys.argv[2], out['scores'].numpy())\n")
     import subprocess
