@@ -24,11 +24,13 @@ def _penalty(length, length_penalty: float, convention: str = "gnmt"):
     return ops.power((5.0 + length) / 6.0, length_penalty)
 
 
-def _restrict(model, logits, step, limit, forced_bos_id: int | None = None):
+def _restrict(model, logits, step, limit, forced_bos_id: int | None = None,
+              forced_eos: bool = False):
     """Forbids the model's ``banned_ids`` everywhere, and all but eos from a row's last step
     (their logits become ``NEG``); with ``forced_bos_id``, the first step (``step == 0``) may
     only give that id, at log-probability 0 (transformers' ``forced_bos_token_id``: NLLB's
-    target language).
+    target language); with ``forced_eos``, eos at a row's last step has log-probability 0
+    (transformers' ``forced_eos_token_id``, which replaces the step's log-probabilities).
 
     ``logits`` ``(R, V)`` (logits or log-probabilities); ``limit`` ``(R,)``: each row's most
     tokens, eos included.
@@ -41,6 +43,8 @@ def _restrict(model, logits, step, limit, forced_bos_id: int | None = None):
     last = ops.greater_equal(step, limit - 1)[:, None]  # (R, 1)
     banned = banned | (last & (vocab != model.eos_id))
     logits = ops.where(banned, NEG, logits)
+    if forced_eos:
+        logits = ops.where(last & (vocab == model.eos_id), 0.0, logits)
     if forced_bos_id is not None:
         forced = ops.where(vocab == forced_bos_id, 0.0, NEG)[None, :]  # (1, V)
         logits = ops.where(ops.equal(step, 0), forced, logits)
@@ -60,11 +64,8 @@ def _log_probs(model, logits, step, limit, renormalize: bool, forced_bos_id=None
     if renormalize and convention != "transformers":
         return ops.log_softmax(_restrict(model, logits, step, limit, forced_bos_id), axis=-1)
     logp = ops.log_softmax(ops.cast(logits, "float32"), axis=-1)
-    logp = _restrict(model, logp, step, limit, forced_bos_id)
-    if convention == "transformers":  # its forced eos (a row's last step) at log-probability 0
-        last = ops.greater_equal(step, limit - 1)[:, None]  # (R, 1)
-        vocab = ops.arange(ops.shape(logp)[-1])
-        logp = ops.where(last & (vocab == model.eos_id), 0.0, logp)
+    logp = _restrict(model, logp, step, limit, forced_bos_id,
+                     forced_eos=convention == "transformers")
     return ops.log_softmax(logp, axis=-1) if renormalize else logp
 
 

@@ -44,10 +44,10 @@ def _fresh_keras_state():
 
 
 # The reference scripts that run transformers' modeling code (it crashes a process that has
-# TensorFlow loaded): name -> script. `torch_references` runs them all in one process, so torch
-# and transformers are imported once; the tests that use it share the xdist group
+# TensorFlow loaded): name -> (script, what its ``main(path, *args)`` writes: an .npz file, or
+# a folder "", args). `torch_references` runs them all in one process, so torch and
+# transformers are imported once; the tests that use it share the xdist group
 # "torch_reference" (one worker makes them, once).
-# name -> (script, what its ``main(path, *args)`` writes: an .npz file, or a folder "", args).
 TORCH_REFERENCES = {
     **{f"marian_{config}": ("nlp/reference_marian.py", "", (config,))
        for config in ("shared", "separate", "tcbig")},
@@ -62,6 +62,7 @@ TORCH_REFERENCES = {
 def torch_references(tmp_path_factory):
     """{name: the path (`pathlib.Path`) its script wrote} of `TORCH_REFERENCES`."""
     import importlib.util
+    import json
 
     if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
         pytest.skip("torch and transformers are not installed (make test installs them)")
@@ -72,8 +73,6 @@ def torch_references(tmp_path_factory):
     code = ("import runpy, sys, json\n"
             "for script, out, args in json.loads(sys.argv[1]):\n"
             "    runpy.run_path(script)['main'](out, *args)\n")
-    import json
-
     subprocess.run([sys.executable, "-c", code, json.dumps(jobs)], check=True,
                    env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"})
     return paths
