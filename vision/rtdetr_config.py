@@ -11,8 +11,8 @@ implemented is refused by name, with the file it is in.
 
 from __future__ import annotations
 
-__all__ = ["ACTIVATIONS", "BACKBONE_FIELDS", "MODEL_FIELDS", "backbone_settings",
-           "rtdetr_settings"]
+__all__ = ["ACTIVATIONS", "BACKBONE_FIELDS", "MODEL_FIELDS", "PROCESSOR_DEFAULTS",
+           "backbone_settings", "preprocessing_settings", "rtdetr_settings"]
 
 ACTIVATIONS = {"relu": "relu", "silu": "silu", "swish": "silu", "gelu": "gelu",
                "tanh": "tanh", "sigmoid": "sigmoid"}
@@ -156,3 +156,48 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
                  num_feature_levels=levels, layer_norm_epsilon=get("layer_norm_eps", 1e-5),
                  batch_norm_epsilon=get("batch_norm_eps", 1e-5))
     return dict(backbone=backbone_kwargs, encoder=encoder, decoder=decoder, model=model)
+
+
+# ``RTDetrImageProcessor``'s defaults (what a folder without preprocessor_config.json, e.g. one
+# written by the model's own ``save_pretrained``, is run with): 640 x 640, bilinear, pixels
+# / 255, no normalization, no padding.
+PROCESSOR_DEFAULTS = {"do_resize": True, "size": {"height": 640, "width": 640}, "resample": 2,
+                      "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": False,
+                      "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+                      "do_pad": False}
+_BILINEAR = 2  # PIL's (and transformers' PILImageResampling) BILINEAR
+
+
+def preprocessing_settings(processor: dict | None,
+                           file: str = "preprocessor_config.json") -> dict:
+    """`vision.training.export.FixedSize` arguments of an ``RTDetrImageProcessor``'s
+    ``preprocessor_config.json`` (None: the processor's defaults, `PROCESSOR_DEFAULTS`).
+
+    Read: ``size`` (``height`` and ``width``), ``do_rescale``/``rescale_factor``,
+    ``do_normalize``/``image_mean``/``image_std``. Refused, naming ``file``: no resize, a resize
+    that keeps the aspect ratio (``shortest_edge``, ``max_height``), another resampling than
+    bilinear, padding. The rest (``format``, ``do_convert_annotations``, the processor's type,
+    ...) concerns annotations or bookkeeping and is accepted.
+    """
+    fields = {**PROCESSOR_DEFAULTS, **(processor or {})}
+    if fields["do_resize"] is not True:
+        _refuse(file, "do_resize", fields["do_resize"], "is not supported (the model's input "
+                "size must be fixed: only true)")
+    size = fields["size"]
+    if not isinstance(size, dict) or set(size) != {"height", "width"} or not all(
+            isinstance(v, int) and v > 0 for v in size.values()):
+        _refuse(file, "size", size, "is not supported (only {'height': H, 'width': W})")
+    if fields["resample"] != _BILINEAR:
+        _refuse(file, "resample", fields["resample"], "is not supported (only 2, bilinear)")
+    if fields["do_pad"]:
+        _refuse(file, "do_pad", fields["do_pad"], "is not supported (only false)")
+    rescale = float(fields["rescale_factor"]) if fields["do_rescale"] else 1.0
+    mean = std = None
+    if fields["do_normalize"]:
+        mean, std = (tuple(float(v) for v in fields[key]) for key in ("image_mean", "image_std"))
+        if len(mean) != 3 or len(std) != 3 or not all(v > 0 for v in std):
+            _refuse(file, "image_std" if len(mean) == 3 else "image_mean",
+                    fields["image_std" if len(mean) == 3 else "image_mean"],
+                    "is not supported (3 values, std > 0)")
+    return dict(height=size["height"], width=size["width"], rescale=rescale, mean=mean,
+                std=std)

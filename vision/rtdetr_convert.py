@@ -2,8 +2,9 @@
 ``config.json`` + ``model.safetensors``) as `vision.modeling.rtdetr.RTDetr` models.
 
 `read_rtdetr` reads the folder: the model's arguments from ``config.json``
-(`vision.rtdetr_config`: which fields are read, fixed or refused) and its weights under this
-project's Keras paths; `load_rtdetr` builds the model and sets them.
+(`vision.rtdetr_config`: which fields are read, fixed or refused), its image preprocessing from
+``preprocessor_config.json`` (the image processor's defaults where the folder has none) and
+its weights under this project's Keras paths; `load_rtdetr` builds the model and sets them.
 
 Weights are read by their saved names (``out_proj``, ``fc1``, ``encoder.encoder.N.layers``,
 what ``save_pretrained`` writes and the Hub holds) or by the names transformers 5 uses in
@@ -19,7 +20,7 @@ import re
 
 import numpy as np
 
-from vision.rtdetr_config import rtdetr_settings
+from vision.rtdetr_config import preprocessing_settings, rtdetr_settings
 
 __all__ = ["RTDetrWeights", "build_rtdetr", "load_rtdetr", "read_rtdetr"]
 
@@ -33,14 +34,16 @@ _RENAMES = ((r"\.o_proj\.", ".out_proj."), (r"\.mlp\.fc([12])\.", r".fc\1."),
 @dataclasses.dataclass(frozen=True)
 class RTDetrWeights:
     """A folder read: the `build_rtdetr` arguments (``settings``), ``{Keras path: array}``,
-    the class names (label ``i``), their COCO category ids (None unless COCO's) and the
-    folder."""
+    the class names (label ``i``), their COCO category ids (None unless COCO's), the folder
+    and the `vision.training.export.FixedSize` arguments of its image processor
+    (``preprocessing``)."""
 
     settings: dict
     arrays: dict[str, np.ndarray]
     class_names: tuple[str, ...]
     category_ids: tuple[int, ...] | None
     where: str
+    preprocessing: dict
 
 
 def _attention(state: dict, source: str, target: str, heads: int) -> dict:
@@ -177,6 +180,9 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWe
                              "config.json and model.safetensors)")
     config = _read_json(os.path.join(folder, "config.json"))
     settings = rtdetr_settings(config, os.path.join(folder, "config.json"))
+    processor = os.path.join(folder, "preprocessor_config.json")
+    preprocessing = preprocessing_settings(
+        _read_json(processor) if os.path.isfile(processor) else None, processor)
     from vision.reference import read_state_dict
 
     state = read_state_dict(os.path.join(folder, "model.safetensors"), flag)
@@ -197,7 +203,7 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWe
         raise ValueError(f"{where}: {len(unused)} weights of model.safetensors are not part "
                          f"of RT-DETR (the first: {unused[0]!r})")
     names, ids = _classes(config, arrays["enc_score_head/kernel"].shape[1], where)
-    return RTDetrWeights(settings, arrays, names, ids, folder)
+    return RTDetrWeights(settings, arrays, names, ids, folder, preprocessing)
 
 
 def build_rtdetr(settings: dict, num_classes: int):
@@ -217,7 +223,8 @@ def build_rtdetr(settings: dict, num_classes: int):
 
 def load_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint"):
     """The `RTDetr` of a transformers folder with its weights; ``model.class_names`` and
-    ``model.category_ids`` name its classes (`read_rtdetr`).
+    ``model.category_ids`` name its classes, ``model.preprocessing`` holds its image
+    processor's `vision.training.export.FixedSize` arguments (`read_rtdetr`).
 
     Raises:
         ValueError: see `read_rtdetr`; also a weight of another shape.
@@ -234,4 +241,5 @@ def load_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint"):
                              f"{tuple(variable.shape)} here")
         variable.assign(array.astype(variable.dtype))
     model.class_names, model.category_ids = weights.class_names, weights.category_ids
+    model.preprocessing = weights.preprocessing
     return model

@@ -20,7 +20,9 @@
   (``threshold``, ``target_sizes``; ``det_scores``/``det_labels``/``det_boxes`` padded with
   ``det_count`` per image) and ``basic_i`` / ``downsample_i`` for the two backbones; also
   ``topk_margin``: the smallest gap between the selected queries' scores and the best one
-  left out (a reference too close to a tie would make the top-k selection flaky).
+  left out (a reference too close to a tie would make the top-k selection flaky); and the
+  image processor's part (`processor_outputs`): FOLDER/rtdetr/preprocessor_config.json and
+  the detections of uint8 photos through processor, model and post-processing.
 
 Every BatchNorm's scale, shift and running statistics and every LayerNorm's weights are
 randomized, and every convolution and linear layer is drawn again at the scale of its fan-in
@@ -48,6 +50,7 @@ VARIANTS = {"basic": dict(layer_type="basic", hidden_sizes=[16, 32, 64, 128]),
             "downsample": dict(downsample_in_bottleneck=True, downsample_in_first_stage=True)}
 IMAGES = (2, 64, 96)  # batch, height, width: multiples of 32, as RT-DETR's FPN needs
 SEED = 3  # the first seed whose top-k margins (see `margin`) exceed 5e-4 with torch 2.x
+PHOTO_SEED = 6  # the photos': the first whose margins exceed 1e-3 (seeds 1-5 are under 6e-4)
 
 
 def randomize(model: torch.nn.Module, backbone_only: bool = False) -> None:
@@ -110,6 +113,38 @@ def run(seed: int, pixels: torch.Tensor):
     return model, result, smallest
 
 
+def processor_outputs(model, folder: str, out: dict) -> None:
+    """The image processor end to end: saved beside the model (``preprocessor_config.json``,
+    input 64 x 96), run on two uint8 ``photos`` of that size (no resize), the model, and the
+    post-processing to detections at the photos' size (``photo_scores``/``_labels``/``_boxes``:
+    every query's best (query, class) pair, threshold 0); ``photo_margin`` as ``topk_margin``.
+    Also ``large_photo`` (80 x 120, uint8) and the ``large_pixels`` the processor makes of it
+    (PIL's bilinear shrink to 64 x 96, rounded to integers, / 255)."""
+    from transformers import RTDetrImageProcessorPil
+
+    height, width = IMAGES[1:]
+    processor = RTDetrImageProcessorPil(size={"height": height, "width": width})
+    processor.save_pretrained(folder)
+    rng = np.random.default_rng(PHOTO_SEED)
+    photos = rng.integers(0, 256, (2, height, width, 3), dtype=np.uint8)
+    pixels = processor(images=list(photos), return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        result = model(pixel_values=pixels)
+    queries = CONFIG["num_queries"]
+    out["photo_margin"] = np.float32(min(
+        margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
+        margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries)))
+    detections = processor.post_process_object_detection(
+        result, threshold=0.0, target_sizes=[(height, width)] * len(photos))
+    out["photos"] = photos
+    for key in ("scores", "labels", "boxes"):
+        out[f"photo_{key}"] = np.stack([d[key].numpy() for d in detections])
+    large = rng.integers(0, 256, (1, 80, 120, 3), dtype=np.uint8)
+    out["large_photo"] = large
+    out["large_pixels"] = nhwc(processor(images=list(large), return_tensors="pt")
+                               ["pixel_values"])
+
+
 def main(folder: str) -> None:
     torch.manual_seed(0)
     batch, height, width = IMAGES
@@ -146,6 +181,7 @@ def main(folder: str) -> None:
         out["det_labels"][i, :n] = d["labels"].numpy()
         out["det_boxes"][i, :n] = d["boxes"].numpy()
 
+    processor_outputs(model, f"{folder}/rtdetr", out)
     for name in VARIANTS:
         backbone_variant(folder, name, pixels, out)
     np.savez(f"{folder}/expected.npz", **out)

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import zipfile
 
 import numpy as np
 import pytest
@@ -190,3 +191,52 @@ def test_postprocess_gives_transformers_detections_of_the_same_outputs(reference
     _, expected = reference
     outputs = {"pred_logits": expected["logits"], "pred_boxes": expected["pred_boxes"]}
     _assert_same_detections(_detections(outputs, expected), expected)
+
+
+def test_the_processor_resize_is_pils_up_to_its_rounding(reference):
+    from vision.training.export import FixedSize
+
+    folder, expected = reference
+    size = FixedSize(**rtdetr_convert.read_rtdetr(folder / "rtdetr").preprocessing)
+    assert (size.height, size.width, size.mean) == (64, 96, None)  # preprocessor_config.json
+    pixels = np.asarray(size(expected["large_photo"]))  # 80 x 120 shrunk to 64 x 96
+    # PIL resizes integers in fixed point and rounds the result: at most one grey level
+    # apart, a third of one on average (rounding alone: a quarter).
+    levels = np.abs(pixels - expected["large_pixels"]) * 255
+    assert levels.max() <= 1 + 1e-4 and levels.mean() < 0.35, (levels.max(), levels.mean())
+
+
+@pytest.mark.slow
+def test_convert_writes_a_model_file_and_an_export_that_detects_as_transformers(
+        reference, tmp_path, capsys):
+    """tfx-convert-detr on the folder, then the export on uint8 photos against transformers'
+    image processor, model and post-processing (every query's best pair, threshold 0)."""
+    from vision.commands.convert import main
+    from vision.serving import load_detector
+
+    folder, expected = reference
+    assert expected["photo_margin"] > 5e-4
+    out = tmp_path / "converted"
+    assert main([str(folder / "rtdetr"), "--out", str(out)]) == 0
+    assert "RT-DETR" in capsys.readouterr().out
+    found = load_detector(out / "export")(expected["photos"])
+    np.testing.assert_array_equal(found["labels"], expected["photo_labels"])
+    np.testing.assert_allclose(found["scores"], expected["photo_scores"], atol=1e-5)
+    np.testing.assert_allclose(found["boxes"], expected["photo_boxes"], atol=96e-4)  # 1e-4 side
+    # model.keras: the model's config and weights (their save and load: test_rtdetr_layers.py).
+    with zipfile.ZipFile(out / "model.keras") as archive:
+        config = json.loads(archive.read("config.json"))
+    assert config["class_name"] == "RTDetr" and config["config"]["num_classes"] == 5
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"size": {"shortest_edge": 640}}, "size={'shortest_edge': 640} is not supported"),
+    ({"resample": 3}, "resample=3 is not supported"),
+    ({"do_pad": True}, "do_pad=True is not supported"),
+])
+def test_a_preprocessing_other_than_a_fixed_bilinear_resize_is_refused(change, message):
+    fields = {**rtdetr_config.PROCESSOR_DEFAULTS, "format": "coco_detection",
+              "image_processor_type": "RTDetrImageProcessor", "do_convert_annotations": True,
+              **change}
+    with pytest.raises(ValueError, match=re.escape(f"preprocessor_config.json: {message}")):
+        rtdetr_config.preprocessing_settings(fields)

@@ -1,11 +1,19 @@
-"""Convert a published DETR checkpoint: python scripts/convert_detr.py CHECKPOINT --out DIR.
+"""Convert a published detector: python scripts/convert_detr.py CHECKPOINT --out DIR.
 
-CHECKPOINT is a facebookresearch/detr ``.pth`` (``detr-r50-e632da11.pth``, ``detr-r101-...``;
-reading it needs torch) or a transformers ``model.safetensors`` (``facebook/detr-resnet-50`` or
-``-101``, with its ``config.json`` beside it; no torch needed). Writes DIR/model.keras (Keras's
-format: fine-tune it with ``train_detr.py --init-from DIR``) and DIR/export/ (the ``Detector``
-SavedModel and classes.json with COCO's category ids and names, as ``train_detr.py`` writes it:
-``detect.py``, ``evaluate_detr.py`` and ``serve.py`` take it). DIR must not exist yet.
+CHECKPOINT is
+
+- a transformers folder (``config.json`` + ``model.safetensors``, what ``save_pretrained``
+  writes and the Hub holds) of ``RTDetrForObjectDetection`` (``PekingU/rtdetr_r50vd`` and
+  kin: RT-DETR, its image processor's ``preprocessor_config.json`` read where present) or of
+  ``DetrForObjectDetection`` (``facebook/detr-resnet-50`` or ``-101``); no torch needed;
+- a facebookresearch/detr ``.pth`` (``detr-r50-e632da11.pth``, ``detr-r101-...``; reading it
+  needs torch), or a transformers DETR ``model.safetensors`` with its ``config.json`` beside
+  it.
+
+Writes DIR/model.keras (Keras's format) and DIR/export/ (the ``Detector`` SavedModel and
+classes.json with the checkpoint's class names, and COCO's category ids for COCO's classes, as
+``train_detr.py`` writes it: ``detect.py``, ``evaluate_detr.py`` and ``serve.py`` take it). A
+DETR's DIR is what ``train_detr.py --init-from DIR`` fine-tunes. DIR must not exist yet.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from tfx_transformer.training.workdir import NEW_DIR_MODE  # noqa: E402
 def command(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a facebookresearch/detr .pth or a transformers "
+    parser.add_argument("checkpoint", help="a transformers RT-DETR or DETR folder, a "
+                                           "facebookresearch/detr .pth or a transformers DETR "
                                            "model.safetensors")
     parser.add_argument("--out", required=True, metavar="DIR",
                         help="the directory to write (must not exist yet)")
@@ -36,27 +45,64 @@ def command(argv=None) -> int:
     if os.path.exists(out):
         parser.error(f"--out {args.out}: already exists; choose a new directory (nothing in "
                      "it is replaced)")
-    from vision.pretrained import load_reference_checkpoint
-    from vision.training.export import export_detector
+    from vision.training.export import FixedSize, export_detector
 
-    model = load_reference_checkpoint(args.checkpoint, "checkpoint")
-    config = model.detr_config
-    print(f"read {args.checkpoint}: DETR with {config.backbone}, {config.num_encoder_layers}+"
-          f"{config.num_decoder_layers} layers, {config.num_queries} queries, "
-          f"{model.num_classes} classes")
+    if os.path.isdir(args.checkpoint) and _model_type(args.checkpoint) == "rt_detr":
+        from vision.rtdetr_convert import load_rtdetr
+
+        model = load_rtdetr(args.checkpoint, "checkpoint")
+        size = FixedSize(**model.preprocessing)
+        decoder = model.decoder
+        print(f"read {args.checkpoint}: RT-DETR, {len(model.backbone.depths)}-stage ResNet-vd "
+              f"backbone, {decoder.num_layers} decoder layers, {model.num_queries} queries, "
+              f"{model.num_classes} classes, {size.height}x{size.width} input")
+        image_size, max_size = size, None
+    else:
+        from vision.pretrained import load_reference_checkpoint
+
+        checkpoint = args.checkpoint
+        if os.path.isdir(checkpoint):  # a DetrForObjectDetection folder
+            checkpoint = os.path.join(checkpoint, "model.safetensors")
+        model = load_reference_checkpoint(checkpoint, "checkpoint")
+        config = model.detr_config
+        print(f"read {args.checkpoint}: DETR with {config.backbone}, "
+              f"{config.num_encoder_layers}+{config.num_decoder_layers} layers, "
+              f"{config.num_queries} queries, {model.num_classes} classes")
+        image_size, max_size = config.image_size, config.max_image_size
     parent = os.path.dirname(out)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".convert-", dir=parent)
     os.chmod(tmp, NEW_DIR_MODE)
     try:
         model.save(os.path.join(tmp, "model.keras"))
-        export_detector(model, os.path.join(tmp, "export"), model.class_names,
-                        config.image_size, config.max_image_size, model.category_ids)
+        export_detector(model, os.path.join(tmp, "export"), model.class_names, image_size,
+                        max_size, model.category_ids)
         os.rename(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {os.path.join(args.out, 'model.keras')} and {os.path.join(args.out, 'export')}")
     return 0
+
+
+def _model_type(folder: str) -> str:
+    """``config.json``'s ``model_type`` of a transformers folder: "rt_detr" or "detr";
+    ValueError naming the file otherwise."""
+    import json
+
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"checkpoint {folder}: no config.json (a transformers folder holds "
+                         "config.json and model.safetensors)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not readable JSON ({error})") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind not in ("rt_detr", "detr"):
+        raise ValueError(f"{path}: model_type {kind!r} is not supported (rt_detr: "
+                         "RTDetrForObjectDetection; detr: DetrForObjectDetection)")
+    return kind
 
 
 def main(argv=None) -> int:

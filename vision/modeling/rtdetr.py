@@ -194,6 +194,10 @@ class RTDetr(keras.Model):
                 "enc_outputs": {"pred_logits": ops.cast(selection.topk_logits, "float32"),
                                 "pred_boxes": enc_boxes}}
 
+    def postprocess(self, outputs: dict, image_sizes: Any) -> dict:
+        """`rtdetr_postprocess` of this model's ``outputs`` (the exported detector's)."""
+        return rtdetr_postprocess(outputs, image_sizes)
+
     def get_config(self):
         return {
             "name": self.name, "trainable": self.trainable,

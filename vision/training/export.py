@@ -22,6 +22,7 @@ defines the signature and file names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -42,19 +43,61 @@ from vision.serving import (
     SERVING,
 )
 
-__all__ = ["decode_and_preprocess", "export_detector", "make_detect_fn", "preprocess_images"]
+__all__ = ["FixedSize", "decode_and_preprocess", "export_detector", "make_detect_fn",
+           "preprocess_images"]
 
 IMAGES_SPEC = tf.TensorSpec([None, None, None, 3], tf.uint8, name=IMAGES_KEY)
 BYTES_SPEC = tf.TensorSpec([None], tf.string, name=BYTES_KEY)
 
 
-def preprocess_images(images, image_size: int, max_size: int | None) -> tuple[dict, tf.Tensor]:
+@dataclasses.dataclass(frozen=True)
+class FixedSize:
+    """The real-time detectors' preprocessing (RT-DETR; transformers' ``RTDetrImageProcessor``):
+    every image resized to ``height`` x ``width`` whatever its aspect ratio (bilinear,
+    antialiased where it shrinks, as PIL's), its pixels multiplied by ``rescale``, then
+    normalized by ``mean`` and ``std`` where they are given (RT-DETR's are not). The batch
+    needs no padding: its mask is all True.
+
+    transformers resizes with PIL, in fixed point, rounding the resized pixels to integers; here
+    they stay floating point (at most one grey level apart; none where no resize happens).
+    """
+
+    height: int = 640
+    width: int = 640
+    rescale: float = 1 / 255
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+
+    def __call__(self, image):
+        """``(..., H, W, 3)`` -> ``(..., height, width, 3)`` float32 model input."""
+        resized = tf.image.resize(image, [self.height, self.width], antialias=True)
+        pixels = resized * self.rescale
+        if self.mean is not None:
+            pixels = (pixels - tf.constant(self.mean, tf.float32)) / tf.constant(self.std,
+                                                                                 tf.float32)
+        return pixels
+
+
+def _resize(image, image_size, max_size):
+    """One image or a batch of same-size images, resized and normalized: ``(pixels,
+    (height, width) after the resize)``."""
+    if isinstance(image_size, FixedSize):
+        return image_size(image), tf.constant([image_size.height, image_size.width])
+    shape = tf.shape(image)
+    height, width = resized_shape(shape[-3], shape[-2], image_size, max_size)
+    resized = tf.image.resize(image, tf.stack([height, width]), antialias=True)
+    return normalize_image(resized), tf.stack([height, width])
+
+
+def preprocess_images(images, image_size: int | FixedSize, max_size: int | None
+                      ) -> tuple[dict, tf.Tensor]:
     """Model inputs of a batch of same-size images, as the evaluation pipeline makes them.
 
     Args:
         images: ``(B, H, W, 3)`` uint8.
-        image_size: shorter side after resizing (``DetrConfig.image_size``).
-        max_size: cap on the longer side (``DetrConfig.max_image_size``).
+        image_size: shorter side after resizing (``DetrConfig.image_size``), or a `FixedSize`.
+        max_size: cap on the longer side (``DetrConfig.max_image_size``; None with a
+            `FixedSize`).
 
     Returns:
         ``({"images": (B, H', W', 3) float32, "mask": (B, H', W') bool}, sizes (B, 2) int32)``
@@ -65,15 +108,14 @@ def preprocess_images(images, image_size: int, max_size: int | None) -> tuple[di
         shape[1:3], message=f"`{IMAGES_KEY}` must be (B, H, W, 3) with H and W of at least 1 "
                             "pixel; received an image of zero height or width")
     with tf.control_dependencies([check]):  # before any op that a zero size would break
-        shape = tf.identity(shape)
-    height, width = resized_shape(shape[1], shape[2], image_size, max_size)
-    resized = tf.image.resize(images, tf.stack([height, width]), antialias=True)
-    mask = tf.ones(tf.stack([shape[0], height, width]), tf.bool)
+        images = tf.identity(images)
+    pixels, resized = _resize(images, image_size, max_size)
+    mask = tf.ones(tf.concat([shape[:1], resized], 0), tf.bool)
     sizes = tf.tile(shape[None, 1:3], [shape[0], 1])  # (B, 2)
-    return {"images": normalize_image(resized), "mask": mask}, sizes
+    return {"images": pixels, "mask": mask}, sizes
 
 
-def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
+def decode_and_preprocess(image_bytes, image_size: int | FixedSize, max_size: int | None):
     """Decodes encoded images (JPEG, PNG, GIF, BMP, WebP) of any sizes into one padded batch.
 
     Each image is decoded to RGB (grayscale and RGBA converted, first GIF frame) as displayed
@@ -89,11 +131,8 @@ def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
     """
     def one(data):
         image = decode_image(data)
-        shape = tf.shape(image)
-        height, width = resized_shape(shape[0], shape[1], image_size, max_size)
-        resized = tf.image.resize(image, tf.stack([height, width]), antialias=True)
-        image = tf.RaggedTensor.from_tensor(normalize_image(resized), ragged_rank=1)
-        return image, shape[:2], tf.stack([height, width])
+        pixels, resized = _resize(image, image_size, max_size)
+        return tf.RaggedTensor.from_tensor(pixels, ragged_rank=1), tf.shape(image)[:2], resized
 
     ragged, sizes, resized_sizes = tf.map_fn(one, image_bytes, fn_output_signature=(
         tf.RaggedTensorSpec([None, None, 3], tf.float32, ragged_rank=1),
@@ -106,7 +145,8 @@ def decode_and_preprocess(image_bytes, image_size: int, max_size: int | None):
 
 
 def _detections(model, inputs: dict, sizes) -> dict:
-    post = postprocess(model(inputs, training=False), sizes)
+    # A model with its own post-processing (RT-DETR's sigmoid scores) has `postprocess`.
+    post = getattr(model, "postprocess", postprocess)(model(inputs, training=False), sizes)
     return {key: post[key] for key in OUTPUT_KEYS}
 
 
@@ -128,7 +168,7 @@ def _forward(model) -> Callable:
                        input_signature=specs)
 
 
-def _serving(model, image_size: int, max_size: int | None, from_bytes: bool,
+def _serving(model, image_size: int | FixedSize, max_size: int | None, from_bytes: bool,
              forward: Callable | None = None) -> Callable:
     prepare = decode_and_preprocess if from_bytes else preprocess_images
     forward = forward or (lambda inputs, sizes: _detections(model, inputs, sizes))
@@ -141,12 +181,12 @@ def _serving(model, image_size: int, max_size: int | None, from_bytes: bool,
     return detect
 
 
-def make_detect_fn(model, image_size: int, max_size: int | None, from_bytes: bool = False
-                   ) -> Callable:
+def make_detect_fn(model, image_size: int | FixedSize, max_size: int | None,
+                   from_bytes: bool = False) -> Callable:
     """The exported computation, for use in process: raw images -> detections of every query.
 
     Args:
-        model: a `vision.modeling.detr.DETR`.
+        model: a `vision.modeling.detr.DETR` or `vision.modeling.rtdetr.RTDetr`.
         image_size, max_size: the resize of `preprocess_images`.
         from_bytes: take ``(B,)`` encoded images instead of ``(B, H, W, 3)`` uint8.
 
@@ -160,7 +200,7 @@ def make_detect_fn(model, image_size: int, max_size: int | None, from_bytes: boo
 
 
 def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
-                    image_size: int, max_size: int | None,
+                    image_size: int | FixedSize, max_size: int | None,
                     category_ids: Sequence[int] | None = None) -> str:
     """Writes the ``Detector`` SavedModel and ``classes.json``.
 
@@ -176,11 +216,12 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
     the previous one as it was.
 
     Args:
-        model: a trained `vision.modeling.detr.DETR`.
+        model: a trained `vision.modeling.detr.DETR`, or an `vision.modeling.rtdetr.RTDetr`
+            (its own post-processing: the ``Q`` best (query, class) scores).
         path: output directory (replaced if it exists).
         class_names: name of each label.
         image_size, max_size: the evaluation resize (``DetrConfig.image_size``,
-            ``max_image_size``).
+            ``max_image_size``), or a `FixedSize` and None.
         category_ids: COCO category id of each label, if any.
 
     Returns:
