@@ -229,3 +229,20 @@ def test_a_pth_without_torch_and_a_foreign_file_get_one_line_and_exit_2(tmp_path
     assert convert.main([str(other), "--out", str(tmp_path / "out")]) == 2
     assert "not a DETR checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("config, message", [
+    (None, "no config.json (a transformers folder holds config.json and model.safetensors)"),
+    ({"model_type": "d_fine"}, "config.json: model_type 'd_fine' is not supported (rt_detr: "
+                               "RTDetrForObjectDetection; detr: DetrForObjectDetection)"),
+])
+def test_a_folder_of_another_detector_gets_one_line_and_exit_2(config, message, tmp_path,
+                                                               capsys):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    assert convert.main([str(folder), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
