@@ -21,6 +21,7 @@ __all__ = ["CALIBRATION_IMAGES", "DetectorSource", "find_source", "prepare_image
 CALIBRATION_IMAGES = 100  # `int8-full`: training images the activation ranges are taken from
 _CLASSES_FILE = "classes.json"
 _MODEL_FILE = "model.keras"
+_PREPROCESSING_FILE = "preprocessing.json"  # `vision.serving.PREPROCESSING_FILE`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,10 @@ class DetectorSource:
         image_size, max_size: the export's resize (shorter side, cap on the longer side).
         input_size: S, the side of the fixed input.
         data: the run's ``--data`` spec, or None when unknown.
+        fixed: a fixed-size detector's preprocessing (RT-DETR: the export's
+            ``preprocessing.json``, `vision.training.export.FixedSize`'s fields), or None. Its
+            input is ``height`` x ``width``, every image resized to it; ``image_size``,
+            ``max_size`` and ``input_size`` are then the longer side.
     """
 
     model_file: pathlib.Path
@@ -41,8 +46,20 @@ class DetectorSource:
     max_size: int
     input_size: int
     data: str | None
+    fixed: dict | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, int]:
+        """``(height, width)`` of the files' input."""
+        if self.fixed is not None:
+            return self.fixed["height"], self.fixed["width"]
+        return self.input_size, self.input_size
 
     def settings(self) -> dict:
+        if self.fixed is not None:
+            return {"input_size": None, "input_height": self.fixed["height"],
+                    "input_width": self.fixed["width"], "rescale": self.fixed["rescale"],
+                    "mean": self.fixed["mean"], "std": self.fixed["std"]}
         return {"input_size": self.input_size, "image_size": self.image_size,
                 "max_size": self.max_size}
 
@@ -71,6 +88,16 @@ def find_source(model: str | os.PathLike, input_size: int | None = None) -> Dete
                          f"directory, its export/, or a tfx-convert-detr directory: "
                          f"{_MODEL_FILE} beside export/{_CLASSES_FILE})")
     root = found[0]
+    fixed_file = root / "export" / _PREPROCESSING_FILE
+    if fixed_file.is_file():  # a fixed-size detector (a converted RT-DETR)
+        fixed = json.loads(fixed_file.read_text(encoding="utf-8"))
+        if input_size is not None:
+            raise ValueError(f"--input-size {input_size}: {model} resizes every image to "
+                             f"{fixed['height']}x{fixed['width']} ({fixed_file}); leave "
+                             "--input-size out")
+        side = max(fixed["height"], fixed["width"])
+        return DetectorSource(root / _MODEL_FILE, root / "export" / _CLASSES_FILE, side, side,
+                              side, None, fixed)
     metrics_file = root / "metrics.json"
     metrics = json.loads(metrics_file.read_text(encoding="utf-8")) \
         if metrics_file.is_file() else {}
@@ -94,7 +121,8 @@ def prepare_image(image, settings: dict) -> tuple[np.ndarray, np.ndarray]:
 
     The image is resized as the ``Detector`` export resizes it (`tf.image.resize`, bilinear,
     antialiased; shorter side ``image_size``, longer side at most ``max_size``, both capped at
-    ``input_size``) and zero-padded to ``input_size`` squared.
+    ``input_size``) and zero-padded to ``input_size`` squared; for a fixed-size detector
+    (``input_height`` and ``input_width`` in the settings) resized to that size, unpadded.
 
     Args:
         image: ``(H, W, 3)`` uint8 RGB (e.g. ``np.asarray(PIL.Image.open(f).convert("RGB"))``).
@@ -102,8 +130,9 @@ def prepare_image(image, settings: dict) -> tuple[np.ndarray, np.ndarray]:
             ``image_size``, ``max_size``).
 
     Returns:
-        ``(images (S, S, 3) float32 pixel values 0..255, mask (S, S) float32)``: stack them
-        into the ``images`` and ``mask`` inputs of a batch.
+        ``(images (S, S, 3) float32 pixel values 0..255, mask (S, S) float32)`` (a fixed
+        size: ``(H, W, 3)`` and ``(H, W)``): stack them into the ``images`` and ``mask``
+        inputs of a batch.
     """
     import tensorflow as tf
 
@@ -113,6 +142,10 @@ def prepare_image(image, settings: dict) -> tuple[np.ndarray, np.ndarray]:
     if image.dtype != tf.uint8 or image.shape.rank != 3 or image.shape[-1] != 3:
         raise ValueError("`image` must be uint8 of shape (H, W, 3). Received: "
                          f"dtype={image.dtype.name}, shape={tuple(image.shape)}")
+    if settings.get("input_height") is not None:  # a fixed size: resized, never padded
+        shape = [int(settings["input_height"]), int(settings["input_width"])]
+        resized = tf.image.resize(image, shape, antialias=True).numpy()
+        return resized.astype(np.float32), np.ones(shape, np.float32)
     side = int(settings["input_size"])
     cap = min(int(settings["max_size"]), side)
     height, width = resized_shape(tf.shape(image)[0], tf.shape(image)[1],

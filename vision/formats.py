@@ -17,10 +17,16 @@ Both files hold one graph with a fixed image size S (``input_size``):
   width and height (multiply by ``(W, H, W, H)`` of the original image), ``scores`` float32
   ``(B, Q)``, ``labels`` int32 ``(B, Q)``.
 
-Normalization, the model and post-processing (`vision.modeling.postprocess`) are in the
-graph; decoding and the antialiased resize are not (LiteRT has no kernels for them). An image
-whose resized size is S x S needs no padding and gets the export's detections; a padded one
-gets what the export gives it in a batch with a larger image (DETR pads batches so).
+A fixed-size detector (a converted RT-DETR: the export's ``preprocessing.json``) takes
+``(B, H, W, 3)`` of its own size instead, every image resized to it whatever its aspect ratio
+and never padded (``mask`` all 1); ``settings.json`` gives ``input_height``, ``input_width``
+and ``input_size`` null.
+
+Normalization, the model and post-processing (`vision.modeling.postprocess`, or the model's
+own ``postprocess``) are in the graph; decoding and the antialiased resize are not (LiteRT has
+no kernels for them). An image whose resized size is S x S needs no padding and gets the
+export's detections; a padded one gets what the export gives it in a batch with a larger image
+(DETR pads batches so).
 
 LiteRT: builtin operators only (no Flex), batch fixed (1 unless asked), in ``float32``,
 ``float16`` (weights), ``int8`` (dynamic range: int8 weights) or ``int8-full`` (int8 weights
@@ -85,15 +91,27 @@ class DetectorConverter:
         from vision.modeling.postprocess import postprocess
         from vision.serving import OUTPUT_KEYS
 
-        side, model = self.source.input_size, self.model
-        specs = [tf.TensorSpec([batch_size, side, side, 3], tf.float32, name="images"),
-                 tf.TensorSpec([batch_size, side, side], tf.float32, name="mask")]
+        (height, width), model = self.source.input_shape, self.model
+        specs = [tf.TensorSpec([batch_size, height, width, 3], tf.float32, name="images"),
+                 tf.TensorSpec([batch_size, height, width], tf.float32, name="mask")]
+        fixed = self.source.fixed
+
+        def scale(images, mask):
+            if fixed is None:  # DETR: normalized; the padding is 0, as batched
+                return normalize_image(images) * mask[..., None]
+            pixels = images * fixed["rescale"]  # RT-DETR: `FixedSize`'s scaling, no padding
+            if fixed["mean"] is not None:
+                pixels = (pixels - tf.constant(fixed["mean"])) / tf.constant(fixed["std"])
+            return pixels
+
+        # A model with its own post-processing (RT-DETR's sigmoid scores) has `postprocess`.
+        post_fn = getattr(model, "postprocess", postprocess)
 
         @tf.function(input_signature=specs)
         def detect(images, mask):
-            pixels = normalize_image(images) * mask[..., None]  # the padding is 0, as batched
-            outputs = model({"images": pixels, "mask": mask > 0.5}, training=False)
-            post = postprocess(outputs, tf.ones([tf.shape(images)[0], 2]))  # fractions
+            outputs = model({"images": scale(images, mask), "mask": mask > 0.5},
+                            training=False)
+            post = post_fn(outputs, tf.ones([tf.shape(images)[0], 2]))  # fractions
             return {key: post[key] for key in OUTPUT_KEYS}
 
         return detect
@@ -158,7 +176,8 @@ class DetectorConverter:
 
         detect = self.function(None)
         proto, _ = tf2onnx.convert.from_function(detect, input_signature=detect.input_signature,
-                                                 opset=ONNX_OPSET)
+                                                 opset=ONNX_OPSET,
+                                                 custom_op_handlers={"Erfc": (_erfc, [])})
         data = proto.SerializeToString()
         if precision == "int8":
             from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -173,18 +192,28 @@ class DetectorConverter:
         return data
 
 
+def _erfc(ctx, node, name, args) -> None:
+    """tf2onnx's handler of TensorFlow's ``Erfc`` (in exact GELU: RT-DETR's encoder), which
+    ONNX lacks: ``1 - Erf(x)``."""
+    node.type = "Erf"
+    one = ctx.make_const(f"{node.name}/one", np.array(1, dtype=np.float32))
+    ctx.insert_new_node_on_output("Sub", node.output[0], name=f"{node.name}/erfc",
+                                  inputs=[one.output[0], node.output[0]])
+
+
 def _check_precision(kind: str, precision: str) -> None:
     if precision not in PRECISIONS[kind]:
         raise ValueError(f"--precision {precision}: the {kind} detector takes "
                          f"{', '.join(PRECISIONS[kind])}")
 
 
-def run_once(kind: str, data: bytes, input_size: int, batch_size: int = 1) -> dict:
-    """Runs a written file once on blank images with its runtime: LiteRT's interpreter
-    (which has no Flex delegate: a TensorFlow kernel in the file fails here) or ONNX
-    Runtime. Returns the outputs."""
-    images = np.zeros((batch_size, input_size, input_size, 3), np.float32)
-    mask = np.ones((batch_size, input_size, input_size), np.float32)
+def run_once(kind: str, data: bytes, input_shape: tuple[int, int], batch_size: int = 1
+             ) -> dict:
+    """Runs a written file once on blank images of ``input_shape`` (height, width) with its
+    runtime: LiteRT's interpreter (which has no Flex delegate: a TensorFlow kernel in the file
+    fails here) or ONNX Runtime. Returns the outputs."""
+    images = np.zeros((batch_size, *input_shape, 3), np.float32)
+    mask = np.ones((batch_size, *input_shape), np.float32)
     if kind == "litert":
         from ai_edge_litert.interpreter import Interpreter
 
@@ -213,7 +242,7 @@ def _write(kind: str, model, out, precision: str, input_size: int | None) -> dic
     with DetectorConverter(source) as converter:
         data = converter.litert(precision, calibration) if kind == "litert" \
             else converter.onnx(precision)
-    run_once(kind, data, source.input_size)  # what is written runs (LiteRT: without Flex)
+    run_once(kind, data, source.input_shape)  # what is written runs (LiteRT: without Flex)
     settings = {"format": kind, "precision": precision, **source.settings(),
                 "batch_size": 1 if kind == "litert" else None,
                 "calibration_images": len(calibration) if calibration else None,

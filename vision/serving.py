@@ -28,6 +28,7 @@ __all__ = [
     "Detector",
     "IMAGES_KEY",
     "OUTPUT_KEYS",
+    "PREPROCESSING_FILE",
     "SERVING",
     "describe_export",
     "load_detector",
@@ -40,6 +41,9 @@ IMAGES_KEY = "images"  # SERVING input: uint8 (B, H, W, 3)
 BYTES_KEY = "image_bytes"  # BYTES_SIGNATURE input: tf.string (B,)
 OUTPUT_KEYS = ("boxes", "scores", "labels")  # (B, Q, 4) xyxy pixels, (B, Q), (B, Q) int32
 CLASSES_FILE = "classes.json"
+# A fixed-size detector's resize and scaling (`vision.training.export.FixedSize` as JSON:
+# height, width, rescale, mean, std); absent where the resize keeps the aspect ratio (DETR).
+PREPROCESSING_FILE = "preprocessing.json"
 
 
 def _read_classes(path: str) -> tuple[tuple[str, ...], list[int] | None]:

@@ -206,19 +206,33 @@ def test_the_processor_resize_is_pils_up_to_its_rounding(reference):
     assert levels.max() <= 1 + 1e-4 and levels.mean() < 0.35, (levels.max(), levels.mean())
 
 
+@pytest.fixture(scope="module")
+def converted(reference, tmp_path_factory):
+    """tfx-convert-detr's directory of the folder, and what it printed."""
+    import contextlib
+    import io
+
+    from vision.commands.convert import main
+
+    folder, _ = reference
+    out = tmp_path_factory.mktemp("rtdetr") / "converted"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([str(folder / "rtdetr"), "--out", str(out)]) == 0
+    return out, printed.getvalue()
+
+
 @pytest.mark.slow
 def test_convert_writes_a_model_file_and_an_export_that_detects_as_transformers(
-        reference, tmp_path, capsys):
+        reference, converted):
     """tfx-convert-detr on the folder, then the export on uint8 photos against transformers'
     image processor, model and post-processing (every query's best pair, threshold 0)."""
-    from vision.commands.convert import main
     from vision.serving import load_detector
 
-    folder, expected = reference
+    _, expected = reference
     assert expected["photo_margin"] > 5e-4
-    out = tmp_path / "converted"
-    assert main([str(folder / "rtdetr"), "--out", str(out)]) == 0
-    assert "RT-DETR" in capsys.readouterr().out
+    out, printed = converted
+    assert "RT-DETR" in printed and "64x96 input" in printed
     found = load_detector(out / "export")(expected["photos"])
     np.testing.assert_array_equal(found["labels"], expected["photo_labels"])
     np.testing.assert_allclose(found["scores"], expected["photo_scores"], atol=1e-5)
@@ -240,3 +254,45 @@ def test_a_preprocessing_other_than_a_fixed_bilinear_resize_is_refused(change, m
               **change}
     with pytest.raises(ValueError, match=re.escape(f"preprocessor_config.json: {message}")):
         rtdetr_config.preprocessing_settings(fields)
+
+
+@pytest.mark.slow
+def test_litert_and_onnx_files_detect_as_the_export(reference, converted):
+    """The LiteRT (builtin operators only) and ONNX float32 files of the converted model, on
+    the photos as `prepare_image` gives them (resized to 64 x 96, no padding): the export's
+    labels, scores within 1e-5, boxes within 1e-4 of the side."""
+    from vision.formats import DetectorConverter, find_source, prepare_image
+    from vision.serving import load_detector
+
+    _, expected = reference
+    out, _ = converted
+    want = load_detector(out / "export")(expected["photos"])
+    source = find_source(out)
+    settings = source.settings()
+    assert (settings["input_height"], settings["input_width"], settings["input_size"]) == \
+        (64, 96, None) and source.input_shape == (64, 96)
+    inputs = [prepare_image(photo, settings) for photo in expected["photos"]]
+    with DetectorConverter(source) as converter:
+        files = {"litert": converter.litert("float32"), "onnx": converter.onnx("float32")}
+    for kind, data in files.items():
+        for i, (pixels, mask) in enumerate(inputs):
+            got = _run(kind, data, pixels, mask)
+            np.testing.assert_array_equal(got["labels"][0], want["labels"][i], err_msg=kind)
+            np.testing.assert_allclose(got["scores"][0], want["scores"][i], atol=1e-5,
+                                       err_msg=kind)
+            np.testing.assert_allclose(got["boxes"][0] * [96, 64, 96, 64], want["boxes"][i],
+                                       atol=96e-4, err_msg=kind)
+
+
+def _run(kind, data, pixels, mask):
+    """One image through a LiteRT or ONNX file."""
+    if kind == "litert":
+        from ai_edge_litert.interpreter import Interpreter
+
+        return Interpreter(model_content=data).get_signature_runner()(images=pixels[None],
+                                                                      mask=mask[None])
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(data, providers=["CPUExecutionProvider"])
+    names = [output.name for output in session.get_outputs()]
+    return dict(zip(names, session.run(None, {"images": pixels[None], "mask": mask[None]})))

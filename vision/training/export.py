@@ -40,6 +40,7 @@ from vision.serving import (
     CLASSES_FILE,
     IMAGES_KEY,
     OUTPUT_KEYS,
+    PREPROCESSING_FILE,
     SERVING,
 )
 
@@ -204,6 +205,8 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
                     category_ids: Sequence[int] | None = None) -> str:
     """Writes the ``Detector`` SavedModel and ``classes.json``.
 
+    With a `FixedSize`, ``preprocessing.json`` (`vision.serving.PREPROCESSING_FILE`) records it.
+
     Signatures: ``serving_default`` (``images`` uint8 ``(B, H, W, 3)``) and ``serving_bytes``
     (``image_bytes`` tf.string ``(B,)``), both returning ``boxes`` ``(B, Q, 4)`` float32 xyxy
     pixels of each input image (as displayed: a JPEG's EXIF orientation is applied),
@@ -241,5 +244,8 @@ def export_detector(model, path: str | os.PathLike, class_names: Sequence[str],
             json.dump({"class_names": list(class_names),
                        "category_ids": None if category_ids is None else list(category_ids)},
                       f, indent=2)
+        if isinstance(image_size, FixedSize):  # what the LiteRT and ONNX writers resize to
+            with open(os.path.join(directory, PREPROCESSING_FILE), "w", encoding="utf-8") as f:
+                json.dump(dataclasses.asdict(image_size), f, indent=2)
 
     return write_export_dir(path, write)
