@@ -20,13 +20,12 @@ this conversion does not know.
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
 __all__ = ["GENERATION_DEFAULTS", "GENERATION_NO_EFFECT", "GENERATION_READ", "WEIGHT_FILES",
-           "check_fields", "read_json", "read_weights"]
+           "check_fields", "read_weights"]
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 GENERATION_READ = {"num_beams", "length_penalty", "max_length", "max_new_tokens",
@@ -58,18 +57,6 @@ GENERATION_NO_EFFECT = {"_from_model_config", "transformers_version", "use_cache
                         "generation_kwargs", "trust_remote_code", "assistant_ensemble_weight",
                         "speculation_type", "use_mtp", "continuous_batching_config",
                         "max_cache_len", "prefill_chunk_size"}
-
-def read_json(path: str) -> dict:
-    """A JSON object file of a model folder (ValueError naming the file otherwise)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not readable JSON ({error})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: must be a JSON object")
-    return value
-
 
 def check_fields(config: dict, generation: dict, model_fields: set, fixed: dict,
                  read: set) -> None:

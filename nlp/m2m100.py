@@ -36,9 +36,10 @@ import os
 import numpy as np
 
 from nlp.decoding import DecodingSettings
-from nlp.hf_config import GENERATION_READ, WEIGHT_FILES, check_fields, read_json, read_weights
+from nlp.hf_config import GENERATION_READ, WEIGHT_FILES, check_fields, read_weights
 from nlp.marian import ACTIVATIONS
 from nlp.model import Seq2SeqTransformer
+from tfx_transformer.hf_files import read_json
 
 __all__ = ["MODEL_FIELDS", "m2m100_settings", "read_m2m100", "set_weights"]
 

@@ -29,8 +29,9 @@ import os
 import numpy as np
 
 from nlp.decoding import DecodingSettings
-from nlp.hf_config import GENERATION_READ, WEIGHT_FILES, check_fields, read_json, read_weights
+from nlp.hf_config import GENERATION_READ, WEIGHT_FILES, check_fields, read_weights
 from nlp.model import Seq2SeqTransformer
+from tfx_transformer.hf_files import read_json
 
 __all__ = ["ACTIVATIONS", "MODEL_FIELDS", "marian_settings", "read_marian", "set_weights"]
 

@@ -14,12 +14,12 @@ memory (``o_proj``, ``mlp.fc1``, ``encoder.aifi.N.layers``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 
 import numpy as np
 
+from tfx_transformer.hf_files import read_json
 from vision.rtdetr_config import preprocessing_settings, rtdetr_settings
 
 __all__ = ["RTDetrWeights", "build_rtdetr", "load_rtdetr", "read_rtdetr"]
@@ -140,17 +140,6 @@ def _selection_arrays(state: dict, used: set) -> dict:
     return arrays
 
 
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not readable JSON ({error})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: must be a JSON object")
-    return value
-
-
 def _classes(config: dict, outputs: int, where: str):
     """``(names, COCO category ids | None)`` of the ``outputs`` classes."""
     from vision.reference import COCO_CATEGORIES
@@ -178,11 +167,11 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWe
         if not os.path.isfile(os.path.join(folder, name)):
             raise ValueError(f"{where}: no {name} (an RTDetrForObjectDetection folder holds "
                              "config.json and model.safetensors)")
-    config = _read_json(os.path.join(folder, "config.json"))
+    config = read_json(os.path.join(folder, "config.json"))
     settings = rtdetr_settings(config, os.path.join(folder, "config.json"))
     processor = os.path.join(folder, "preprocessor_config.json")
     preprocessing = preprocessing_settings(
-        _read_json(processor) if os.path.isfile(processor) else None, processor)
+        read_json(processor) if os.path.isfile(processor) else None, processor)
     from vision.reference import read_state_dict
 
     state = read_state_dict(os.path.join(folder, "model.safetensors"), flag)

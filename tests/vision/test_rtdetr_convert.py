@@ -169,7 +169,7 @@ def test_a_backbone_other_than_rtdetr_resnet_is_refused():
 
 def _detections(outputs, expected):
     """`rtdetr_postprocess` of ``outputs`` as transformers' lists: the kept ones per image."""
-    from vision.modeling.rtdetr import rtdetr_postprocess
+    from vision.modeling.postprocess import rtdetr_postprocess
 
     found = rtdetr_postprocess(outputs, expected["target_sizes"], float(expected["threshold"]))
     found = {key: np.asarray(value) for key, value in found.items()}

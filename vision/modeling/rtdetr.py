@@ -30,11 +30,11 @@ from typing import Any, NamedTuple
 import keras
 from keras import ops
 
-from vision.modeling.box_ops import box_cxcywh_to_xyxy
 from vision.modeling.heads import MLP
 from vision.modeling.hybrid_encoder import ConvNorm
+from vision.modeling.postprocess import rtdetr_postprocess
 
-__all__ = ["QuerySelection", "RTDetr", "anchors", "rtdetr_postprocess"]
+__all__ = ["QuerySelection", "RTDetr", "anchors"]
 
 _FLOAT32_MAX = 3.4028234663852886e38
 
@@ -218,36 +218,3 @@ class RTDetr(keras.Model):
             if isinstance(config.get(key), dict):
                 config[key] = keras.saving.deserialize_keras_object(config[key])
         return cls(**config)
-
-
-def rtdetr_postprocess(outputs: dict, image_sizes: Any, threshold: float | None = None) -> dict:
-    """Detections from sigmoid class scores, as transformers' RT-DETR image processors'
-    ``post_process_object_detection`` (``use_focal_loss=True``): the ``Q`` best of all
-    ``Q * C`` (query, class) scores, highest first, each with its query's box.
-
-    Args:
-        outputs: dict with ``"pred_logits"`` ``(B, Q, C)`` and ``"pred_boxes"`` ``(B, Q, 4)``
-            normalized cxcywh.
-        image_sizes: ``(B, 2)``: each image's ``(height, width)`` for the pixel boxes.
-        threshold: ``keep`` marks the scores above it (all True without one).
-
-    Returns:
-        dict with ``"scores"`` ``(B, Q)``, ``"labels"`` ``(B, Q)`` int32, ``"boxes"``
-        ``(B, Q, 4)`` xyxy pixels and ``"keep"`` ``(B, Q)`` bool.
-    """
-    logits = ops.cast(outputs["pred_logits"], "float32")
-    boxes = ops.cast(outputs["pred_boxes"], "float32")
-    if len(logits.shape) != 3 or len(boxes.shape) != 3 or boxes.shape[-1] != 4:
-        raise ValueError("`outputs` must have 'pred_logits' (B, Q, C) and 'pred_boxes' "
-                         f"(B, Q, 4). Received: shapes {tuple(logits.shape)} and "
-                         f"{tuple(boxes.shape)}")
-    queries, classes = logits.shape[1], logits.shape[2]
-    scores, index = ops.top_k(ops.reshape(ops.sigmoid(logits), (-1, queries * classes)),
-                              queries)  # (B, Q) each
-    labels = ops.cast(index % classes, "int32")
-    chosen = ops.take_along_axis(boxes, (index // classes)[..., None], axis=1)  # (B, Q, 4)
-    sizes = ops.cast(image_sizes, "float32")
-    scale = ops.stack([sizes[:, 1], sizes[:, 0], sizes[:, 1], sizes[:, 0]], axis=-1)[:, None]
-    keep = ops.ones_like(scores, dtype="bool") if threshold is None else scores > threshold
-    return {"scores": scores, "labels": labels, "boxes": box_cxcywh_to_xyxy(chosen) * scale,
-            "keep": keep}
