@@ -136,14 +136,22 @@ DECODER_COMBINATIONS = [  # (stack, return_cross_attention, cache, return_interm
 ]
 
 
-@pytest.mark.parametrize("stack,cross,cache,intermediate", DECODER_COMBINATIONS)
-def test_decoders_always_return_attention_output(stack, cross, cache, intermediate):
+@pytest.fixture(scope="module")
+def decoders():
+    """{(stack, return_intermediate): decoder}: one built layer per decoder configuration."""
     kwargs = dict(num_heads=4, hidden_dim=8, dropout=0.0)
-    if stack:
-        layer = tt.TransformerDecoder(2, return_intermediate=intermediate, **kwargs)
-    else:
-        layer = tt.TransformerDecoderLayer(**kwargs)
-    layer(X, MEM)
+    layers = {(False, False): tt.TransformerDecoderLayer(**kwargs)}
+    for intermediate in (False, True):
+        layers[True, intermediate] = tt.TransformerDecoder(
+            2, return_intermediate=intermediate, **kwargs)
+    for layer in layers.values():
+        layer(X, MEM)
+    return layers
+
+
+@pytest.mark.parametrize("stack,cross,cache,intermediate", DECODER_COMBINATIONS)
+def test_decoders_always_return_attention_output(decoders, stack, cross, cache, intermediate):
+    layer = decoders[stack, intermediate]
     x, call = X, dict(return_cross_attention=cross, memory_mask=VALID)
     if cache:
         x = X[:, :1]
@@ -185,6 +193,7 @@ def test_subclassed_model_fits_and_reloads(jit_compile, tmp_path):
     model = ToyTranslator()
     model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile)
     before = np.asarray(model((X, MEM)))
+    model.optimizer.build(model.trainable_variables)  # fit traces (XLA: compiles) its step once
     history = model.fit((X, MEM), X, epochs=2, batch_size=B, verbose=0)
     assert history.history["loss"][1] < history.history["loss"][0]
     after = np.asarray(model((X, MEM)))

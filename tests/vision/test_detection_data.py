@@ -149,11 +149,12 @@ def test_too_many_objects_names_image_and_count(coco_files):
 def test_images_over_the_object_limit_are_left_out_and_raised_by_the_callback(coco_files):
     folder, path, _ = coco_files
     source = data.load_source(f"coco:{folder}:{path}", valid_fraction=0.0)
-    counts = {int(r["image_id"]): len(r["labels"]) for r in source.records("all")}
+    records = source.records("all")  # each pipeline below reads it anew
+    counts = {int(r["image_id"]): len(r["labels"]) for r in records}
     assert counts == {10: 2, 11: 1, 12: 1, 13: 0}
     # Counts not known up front (as for tfds:): the pipeline leaves the image out ...
     limit = ObjectLimit(1)
-    batches = make_batches(source.records("all"), batch_size=4, object_limit=limit,
+    batches = make_batches(records, batch_size=4, object_limit=limit,
                            image_size=32, include_info=True)
     ids = [int(i) for _, _, info in batches for i in info["image_id"]]
     assert ids == [11, 12, 13]  # never truncated: image 10 is not there at all
@@ -164,14 +165,14 @@ def test_images_over_the_object_limit_are_left_out_and_raised_by_the_callback(co
     with pytest.raises(TooManyObjectsError, match="Image id 10"):
         limit.callback().on_train_batch_end(0)
     fine = ObjectLimit(2)
-    assert len(list(make_batches(source.records("all"), batch_size=4, object_limit=fine,
+    assert len(list(make_batches(records, batch_size=4, object_limit=fine,
                                  image_size=32))) == 1
     fine.check()
     fine.callback().on_test_batch_end(0)  # nothing seen: no error
     with pytest.raises(ValueError, match="max_objects=0"):
         ObjectLimit(0)
     with pytest.raises(ValueError, match="object_limit=3"):
-        make_batches(source.records("all"), batch_size=4, object_limit=3)
+        make_batches(records, batch_size=4, object_limit=3)
 
 
 def test_fit_stops_with_the_error_at_the_first_batch_after_the_image():

@@ -153,25 +153,26 @@ def test_padded_batch_equals_each_image_alone(queries):
     assert not np.allclose(together["pred_boxes"][0], together["pred_boxes"][1], atol=1e-3)
 
 
-@pytest.mark.parametrize("dropped", [False, True])
-def test_backbone_variables_get_the_multiplier_times_the_learning_rate(dropped):
+def test_backbone_variables_get_the_multiplier_times_the_learning_rate():
+    """With the preset's learning rate, then with the trainer's drop (a tenth of it)."""
     config = preset("tiny-detr", **SMALL, weight_decay=0.0)
     model = build_model(config, NUM_CLASSES)
-    optimizer = build_optimizer(config, model)
-    # The trainer's learning-rate drop sets the optimizer's rate; the backbone's follows.
-    lr = config.learning_rate * (0.1 if dropped else 1.0)
-    optimizer.learning_rate = lr
     variables = model.trainable_variables
-    for v in variables:
-        v.assign(keras.ops.zeros_like(v))  # no float32 rounding of (w - step)
-    # A constant gradient: the first Adam step moves every weight by exactly its rate.
-    optimizer.apply([keras.ops.ones_like(v) for v in variables], variables)
     backbone = {id(v) for v in model.backbone_variables}
     assert backbone and len(backbone) < len(variables)
-    for v in variables:
-        step = -keras.ops.convert_to_numpy(v)
-        expected = lr * config.backbone_lr_multiplier if id(v) in backbone else lr
-        np.testing.assert_allclose(step, expected, rtol=1e-3, err_msg=v.path)
+    for dropped in (False, True):
+        optimizer = build_optimizer(config, model)
+        # The trainer's learning-rate drop sets the optimizer's rate; the backbone's follows.
+        lr = config.learning_rate * (0.1 if dropped else 1.0)
+        optimizer.learning_rate = lr
+        for v in variables:
+            v.assign(keras.ops.zeros_like(v))  # no float32 rounding of (w - step)
+        # A constant gradient: the first Adam step moves every weight by exactly its rate.
+        optimizer.apply([keras.ops.ones_like(v) for v in variables], variables)
+        for v in variables:
+            step = -keras.ops.convert_to_numpy(v)
+            expected = lr * config.backbone_lr_multiplier if id(v) in backbone else lr
+            np.testing.assert_allclose(step, expected, rtol=1e-3, err_msg=f"{v.path} {dropped=}")
     assert config.backbone_lr_multiplier < 1  # the comparison above is not trivial
 
 

@@ -165,6 +165,7 @@ def check_layer(
     if run_training and layer.trainable_weights:
         trained = keras.Model(symbolic, out["output"])
         trained.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=False)
+        trained.optimizer.build(trained.trainable_variables)  # fit traces its step once
         target = np.random.default_rng(0).normal(size=output.shape).astype("float32")
         before = [_as_numpy(w) for w in layer.trainable_weights]
         history = trained.fit(inputs, target, batch_size=len(output), epochs=1, verbose=0)
