@@ -189,7 +189,7 @@ def compile_search(model, method: str = "beam", jit_compile: bool = False, **kwa
     if backend == "tensorflow":
         import tensorflow as tf
 
-        return tf.function(run, jit_compile=jit_compile, reduce_retracing=True)
+        return tf.function(run, jit_compile=jit_compile, reduce_retracing=True, autograph=False)
     if backend == "jax":
         import jax
 

@@ -69,7 +69,7 @@ def brute_force():
     its log-probability, scored independently of any search: teacher forcing, each step
     normalized over the ids allowed there. Shared by the brute-force tests (one model, one
     scoring); each scores the sequences with its own length penalty."""
-    model = _model(BRUTE_VOCAB, seed=3, sharpen=2.0)
+    model = _model(BRUTE_VOCAB, seed=3, sharpen=2.0, layers=1)
     sources = np.array([[4, 5, 3], [5, 3, 0], [4, 4, 3]], "int32")
     seqs = [[*body, EOS] for n in range(1, BRUTE_MAX_LENGTH + 1)
             for body in itertools.product([4, 5], repeat=n - 1)]
@@ -119,9 +119,16 @@ def test_beam_search_rejects_bad_width():
         decoding.beam_search(_model(10), SOURCE, beam_size=0)
 
 
-def test_search_runs_what_the_settings_say():
+@pytest.fixture(scope="module")
+def greedy2():
+    """(model, ids): a one-layer model and its greedy translation of SOURCE (extra_length 5),
+    decoded once for the tests of `search` and of greedy scores."""
     model = _model(30, seed=2, layers=1)
-    greedy = decoding.greedy_search(model, SOURCE, extra_length=5)
+    return model, np.asarray(decoding.greedy_search(model, SOURCE, extra_length=5))
+
+
+def test_search_runs_what_the_settings_say(greedy2):
+    model, greedy = greedy2
     beam = decoding.beam_search(model, SOURCE, beam_size=3, length_penalty=1.0, extra_length=5)
     settings = DecodingSettings(beam_size=3, length_penalty=1.0, extra_length=5)
     np.testing.assert_array_equal(decoding.search(model, SOURCE, settings), beam)
@@ -318,11 +325,11 @@ def test_an_nbest_list_is_the_same_alone_and_in_a_batch():
                                    rtol=1e-5)
 
 
-def test_greedy_scores_and_the_nbest_list_of_a_beam_of_one():
-    model, extra = _model(30, seed=6, layers=1), 5
+def test_greedy_scores_and_the_nbest_list_of_a_beam_of_one(greedy2):
+    (model, greedy), extra = greedy2, 5
     ids, scores = decoding.greedy_search(model, SOURCE, extra_length=extra, return_scores=True,
                                          length_penalty=0.6)
-    np.testing.assert_array_equal(ids, decoding.greedy_search(model, SOURCE, extra_length=extra))
+    np.testing.assert_array_equal(ids, greedy)
     for source, row, score in zip(SOURCE, np.asarray(ids), np.asarray(scores)):
         np.testing.assert_allclose(score, _rescore(model, source, [row], 0.6, extra)[0],
                                    rtol=1e-4)
@@ -336,11 +343,11 @@ def test_greedy_scores_and_the_nbest_list_of_a_beam_of_one():
 
 @pytest.mark.parametrize("nbest, traced", [(False, False), (True, True)])
 def test_cached_beam_search_equals_uncached_past_the_first_cache_width(nbest, traced):
-    # The never-ending model decodes every sentence to its limit (length + 20), beyond the
+    # The never-ending model decodes every sentence to its limit (length + 12), beyond the
     # cache's first width (S + S // 4 + 8), so the padded cache is used too. The cached search
     # runs eagerly and, once, traced (a tf.function: the loops' shrinking shapes and the cache
     # padding between them in a graph); the uncached reference eagerly (a trace costs seconds).
-    model, extra = _never_eos(30, seed=1), 20
+    model, extra = _never_eos(30, seed=1), 12
     source = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]], "int32")
     assert decode_steps.FIRST_WIDTH_EXTRA + 5 + 5 // 4 < 5 + extra
     kwargs = dict(beam_size=3, length_penalty=0.6, extra_length=extra, nbest=nbest,
