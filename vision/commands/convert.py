@@ -87,18 +87,13 @@ def command(argv=None) -> int:
 def _model_type(folder: str) -> str:
     """``config.json``'s ``model_type`` of a transformers folder: "rt_detr" or "detr";
     ValueError naming the file otherwise."""
-    import json
+    from tfx_transformer.hf_files import read_json
 
     path = os.path.join(folder, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except FileNotFoundError:
+    if not os.path.isfile(path):
         raise ValueError(f"checkpoint {folder}: no config.json (a transformers folder holds "
-                         "config.json and model.safetensors)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not readable JSON ({error})") from None
-    kind = config.get("model_type") if isinstance(config, dict) else None
+                         "config.json and model.safetensors)")
+    kind = read_json(path).get("model_type")
     if kind not in ("rt_detr", "detr"):
         raise ValueError(f"{path}: model_type {kind!r} is not supported (rt_detr: "
                          "RTDetrForObjectDetection; detr: DetrForObjectDetection)")
