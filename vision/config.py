@@ -27,7 +27,9 @@ from vision.modeling.backbone import BACKBONES, TINY_NORMS
 from vision.modeling.queries import query_layer_class
 from vision.modeling.refinement import make_box_decoding
 
-__all__ = ["AUGMENTATIONS", "DetrConfig", "PRESETS", "preset"]
+__all__ = ["ARCHITECTURES", "AUGMENTATIONS", "DetrConfig", "PRESETS", "preset"]
+
+ARCHITECTURES = ("detr", "rtdetr")
 
 # The training images' augmentations (`vision.data.batching.make_batches`).
 AUGMENTATIONS = ("detr", "flip", "none")
@@ -53,6 +55,15 @@ class DetrConfig:
     facebookresearch/detr's)."""
 
     name: str = "r50-detr"
+
+    # The detector: "detr" (the fields below) or "rtdetr" (RT-DETR, `vision.modeling.rtdetr`:
+    # its architecture is `rtdetr`, transformers' RTDetrConfig fields as in a config.json,
+    # read by `vision.rtdetr_config.rtdetr_settings`, with num_queries from here; its images
+    # are stretched to image_size x image_size and scaled to [0, 1], RT-DETR's preprocessing;
+    # its loss is `vision.modeling.rtdetr.rtdetr_criterion` with the weights and costs here,
+    # loss_ce weighting the varifocal loss). DETR's architecture fields do not apply to it.
+    architecture: str = "detr"
+    rtdetr: dict | None = None
 
     # Backbone.
     # "resnet50" or "resnet101" (torchvision's v1.5, DETR's; stride 32, 2048 channels) or
@@ -174,7 +185,7 @@ def _check_types(config: DetrConfig) -> None:
     for field in _BOOLS:
         checks.boolean(f"DetrConfig.{field}", getattr(config, field))
     for field in ("name", "backbone", "tiny_norm", "query_type", "matcher_solver",
-                  "augmentation"):
+                  "augmentation", "architecture"):
         if not isinstance(getattr(config, field), str):
             _fail(field, getattr(config, field), "a string")
     if not isinstance(config.tiny_filters, tuple):
@@ -183,6 +194,14 @@ def _check_types(config: DetrConfig) -> None:
 
 
 def _check_values(config: DetrConfig) -> None:
+    if config.architecture not in ARCHITECTURES:
+        _fail("architecture", config.architecture, f"one of {ARCHITECTURES}")
+    if (config.architecture == "rtdetr") != isinstance(config.rtdetr, dict):
+        _fail("rtdetr", config.rtdetr, "a dict of RTDetrConfig fields with architecture "
+                                       "'rtdetr', None otherwise")
+    if config.architecture == "rtdetr" and config.denoising_groups:
+        _fail("denoising_groups", config.denoising_groups, "0 with architecture 'rtdetr' "
+              "(its denoising queries are not implemented)")
     if config.backbone not in BACKBONES:
         _fail("backbone", config.backbone, f"one of {BACKBONES}")
     if config.tiny_norm not in TINY_NORMS:
@@ -243,6 +262,36 @@ _TINY = dict(
 # full backbone rate, suit a backbone trained from scratch; r50's starts from ImageNet).
 _AIDS = dict(query_type="encoder", box_refinement=True, attention_radius=0.3)
 
+# RT-DETR's training settings (lyuwenyu/RT-DETR's rtdetr_r50vd_6x_coco: AdamW 1e-4, backbone
+# 1e-5, weight decay 1e-4, clip 0.1, batch 4 per GPU, 640 x 640; transformers' RTDetrConfig
+# matcher and loss weights: class cost 2, L1 5, GIoU 2; VFL 1, L1 5, GIoU 2).
+_RTDETR_TRAINING = dict(architecture="rtdetr", image_size=640, max_image_size=640,
+                        num_queries=300, cost_class=2.0, epochs=72, lr_drop_epochs=72,
+                        lr_drop_fraction=None, dropout=0.0)
+# transformers' RTDetrConfig defaults: RT-DETR R50-vd (PekingU/rtdetr_r50vd).
+_RTDETR_R50 = {"backbone_config": {"model_type": "rt_detr_resnet",
+                                   "out_features": ["stage2", "stage3", "stage4"]},
+               "encoder_in_channels": [512, 1024, 2048]}
+# PekingU/rtdetr_r18vd: basic blocks, CSP expansion 0.5, 3 decoder layers.
+_RTDETR_R18 = {
+    "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",
+                        "depths": [2, 2, 2, 2], "hidden_sizes": [64, 128, 256, 512],
+                        "embedding_size": 64, "downsample_in_bottleneck": False,
+                        "out_features": ["stage2", "stage3", "stage4"]},
+    "encoder_in_channels": [128, 256, 512], "hidden_expansion": 0.5, "decoder_layers": 3,
+}
+# RT-DETR at DETR tiny's size for CPU runs (`tiny`'s d 128, 4 heads, FFN 512, 3 decoder
+# layers): basic blocks of 32-256 channels, one per stage.
+_RTDETR_TINY = {
+    "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",
+                        "depths": [1, 1, 1, 1], "hidden_sizes": [32, 64, 128, 256],
+                        "embedding_size": 32, "out_features": ["stage2", "stage3", "stage4"]},
+    "encoder_in_channels": [64, 128, 256], "encoder_hidden_dim": 128, "d_model": 128,
+    "encoder_ffn_dim": 512, "decoder_ffn_dim": 512, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "decoder_layers": 3, "hidden_expansion": 0.5,
+    "decoder_in_channels": [128, 128, 128],
+}
+
 PRESETS: dict[str, DetrConfig] = {
     # DETR-R50 with the convergence aids (benchmarks/README.md): two-stage queries, iterative
     # box refinement, cross-attention within 0.3 of each reference box.
@@ -267,6 +316,15 @@ PRESETS: dict[str, DetrConfig] = {
             "augmentation": "flip",
         },
     ),
+    "rtdetr-r50": DetrConfig(name="rtdetr-r50", rtdetr=_RTDETR_R50, **_RTDETR_TRAINING),
+    "rtdetr-r18": DetrConfig(name="rtdetr-r18", rtdetr=_RTDETR_R18, **_RTDETR_TRAINING),
+    # RT-DETR at `tiny`'s size and training settings (128 px, 20 queries, batch 16,
+    # learning rate 2e-4, the backbone trained from scratch at the full rate, flips).
+    "rtdetr-tiny": DetrConfig(name="rtdetr-tiny", rtdetr=_RTDETR_TINY, **{
+        **_RTDETR_TRAINING, **{k: _TINY[k] for k in (
+            "num_queries", "learning_rate", "batch_size", "image_size", "max_image_size",
+            "epochs", "lr_drop_epochs", "lr_drop_fraction")},
+        "backbone_lr_multiplier": 1.0, "augmentation": "flip"}),
 }
 
 

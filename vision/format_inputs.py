@@ -35,7 +35,7 @@ class DetectorSource:
         input_size: S, the side of the fixed input.
         data: the run's ``--data`` spec, or None when unknown.
         fixed: a fixed-size detector's preprocessing (RT-DETR: the export's
-            ``preprocessing.json``, `vision.training.export.FixedSize`'s fields), or None. Its
+            ``preprocessing.json``, `vision.data.augment.FixedSize`'s fields), or None. Its
             input is ``height`` x ``width``, every image resized to it; ``image_size``,
             ``max_size`` and ``input_size`` are then the longer side.
     """

@@ -6,13 +6,16 @@
 - an export directory (the ``Detector`` SavedModel with ``classes.json``),
 - a ``model.keras`` file (Keras's own format, e.g. ``model.save("model.keras")``), or a
   directory holding one; its class names are read from a ``classes.json`` beside it, or from
-  ``export/classes.json`` in that directory.
+  ``export/classes.json`` in that directory;
+- a transformers ``RTDetrForObjectDetection`` folder (``config.json`` of ``model_type``
+  ``rt_detr`` + ``model.safetensors``, `vision.rtdetr_convert.read_rtdetr`), for an RT-DETR
+  model of the same architecture (`rtdetr_folder_config` gives it).
 
 Weights are matched by their Keras path (``backbone/conv_0/kernel``, ...). Every weight of the
 model must be found with its shape, with two exceptions:
 
 - the class heads (``class_head``, ``proposal_class_head``: ``C + 1`` outputs, the last one
-  "no object") are loaded when the source has the same classes, in any order (the columns are
+  "no object"; RT-DETR's ``class_head_i`` and ``enc_score_head``: ``C`` outputs) are loaded when the source has the same classes, in any order (the columns are
   reordered by name), and re-initialized when the class list differs ("class head: 92 -> 4
   outputs, re-initialized");
 - per-query weights (``query_embed``, ``reference_logits``, ``query_content``) may
@@ -26,12 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 __all__ = ["SourceWeights", "check_init_source", "init_from", "load_reference_checkpoint",
-           "read_weights"]
+           "read_weights", "rtdetr_folder_config"]
 
 _MODEL_FILE = "model.keras"
 _CLASSES_FILE = "classes.json"
@@ -53,12 +57,26 @@ def _relative(path: str) -> str:
     """``detr/backbone/conv_0/kernel`` (an export's, a built model's) and
     ``backbone/conv_0/kernel`` (a loaded ``model.keras``'s) alike: without the model's name."""
     path = path.removesuffix(":0")
-    return path.split("/", 1)[1] if path.startswith("detr/") else path
+    return path.split("/", 1)[1] if path.startswith(("detr/", "rtdetr/")) else path
+
+
+def rtdetr_folder_config(source: str | os.PathLike) -> dict | None:
+    """The ``config.json`` of ``source`` when it is a transformers RT-DETR folder, else None."""
+    path = os.fspath(source)
+    config = os.path.join(path, "config.json")
+    if not (os.path.isdir(path) and os.path.isfile(config)):
+        return None
+    from tfx_transformer.hf_files import read_json
+
+    fields = read_json(config)
+    return fields if fields.get("model_type") == "rt_detr" else None
 
 
 def _resolve(source: str | os.PathLike) -> tuple[str, str]:
     """``(kind, path)``: ``("export", DIR)`` or ``("keras", FILE)``; ValueError otherwise."""
     path = os.fspath(source)
+    if rtdetr_folder_config(path) is not None:
+        return "rtdetr", path
     if os.path.isdir(path):
         for kind, candidate in (("keras", os.path.join(path, _MODEL_FILE)),
                                 ("export", path),
@@ -100,6 +118,11 @@ def read_weights(source: str | os.PathLike) -> SourceWeights:
         ValueError: ``source`` is missing or of another kind; the message names it.
     """
     kind, path = _resolve(source)
+    if kind == "rtdetr":
+        from vision.rtdetr_convert import read_rtdetr
+
+        weights = read_rtdetr(path, "--init-from")
+        return SourceWeights(weights.arrays, weights.class_names, path)
     if kind == "reference":
         from vision.reference import read_reference
 
@@ -128,7 +151,8 @@ def read_weights(source: str | os.PathLike) -> SourceWeights:
 
 def _is_class_head(key: str) -> bool:
     parts = key.split("/")
-    return len(parts) >= 2 and parts[-2].endswith("class_head")
+    return len(parts) >= 2 and re.search(r"(class_head(_\d+)?|enc_score_head)$",
+                                         parts[-2]) is not None
 
 
 def init_from(model, source: str | os.PathLike | SourceWeights,
@@ -183,8 +207,8 @@ def init_from(model, source: str | os.PathLike | SourceWeights,
     if heads:
         same_count = all(outputs[key] == own[key].shape[-1] for key in heads)
         if order is not None:
-            for key in heads:
-                values[key] = arrays[key][..., order]
+            for key in heads:  # RT-DETR's heads have no "no object" column
+                values[key] = arrays[key][..., order[:arrays[key].shape[-1]]]
             if order != list(range(len(order))):
                 log(f"class head: the same {len(class_names)} classes in another order, "
                     "reordered by name")

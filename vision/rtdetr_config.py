@@ -170,7 +170,7 @@ _BILINEAR = 2  # PIL's (and transformers' PILImageResampling) BILINEAR
 
 def preprocessing_settings(processor: dict | None,
                            file: str = "preprocessor_config.json") -> dict:
-    """`vision.training.export.FixedSize` arguments of an ``RTDetrImageProcessor``'s
+    """`vision.data.augment.FixedSize` arguments of an ``RTDetrImageProcessor``'s
     ``preprocessor_config.json`` (None: the processor's defaults, `PROCESSOR_DEFAULTS`).
 
     Read: ``size`` (``height`` and ``width``), ``do_rescale``/``rescale_factor``,

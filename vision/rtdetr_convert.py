@@ -35,7 +35,7 @@ _RENAMES = ((r"\.o_proj\.", ".out_proj."), (r"\.mlp\.fc([12])\.", r".fc\1."),
 class RTDetrWeights:
     """A folder read: the `build_rtdetr` arguments (``settings``), ``{Keras path: array}``,
     the class names (label ``i``), their COCO category ids (None unless COCO's), the folder
-    and the `vision.training.export.FixedSize` arguments of its image processor
+    and the `vision.data.augment.FixedSize` arguments of its image processor
     (``preprocessing``)."""
 
     settings: dict
@@ -213,7 +213,7 @@ def build_rtdetr(settings: dict, num_classes: int):
 def load_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint"):
     """The `RTDetr` of a transformers folder with its weights; ``model.class_names`` and
     ``model.category_ids`` name its classes, ``model.preprocessing`` holds its image
-    processor's `vision.training.export.FixedSize` arguments (`read_rtdetr`).
+    processor's `vision.data.augment.FixedSize` arguments (`read_rtdetr`).
 
     Raises:
         ValueError: see `read_rtdetr`; also a weight of another shape.

@@ -41,7 +41,7 @@ IMAGES_KEY = "images"  # SERVING input: uint8 (B, H, W, 3)
 BYTES_KEY = "image_bytes"  # BYTES_SIGNATURE input: tf.string (B,)
 OUTPUT_KEYS = ("boxes", "scores", "labels")  # (B, Q, 4) xyxy pixels, (B, Q), (B, Q) int32
 CLASSES_FILE = "classes.json"
-# A fixed-size detector's resize and scaling (`vision.training.export.FixedSize` as JSON:
+# A fixed-size detector's resize and scaling (`vision.data.augment.FixedSize` as JSON:
 # height, width, rescale, mean, std); absent where the resize keeps the aspect ratio (DETR).
 PREPROCESSING_FILE = "preprocessing.json"
 

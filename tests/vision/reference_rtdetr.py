@@ -22,7 +22,13 @@
   ``topk_margin``: the smallest gap between the selected queries' scores and the best one
   left out (a reference too close to a tie would make the top-k selection flaky); and the
   image processor's part (`processor_outputs`): FOLDER/rtdetr/preprocessor_config.json and
-  the detections of uint8 photos through processor, model and post-processing.
+  the detections of uint8 photos through processor, model and post-processing;
+- the loss (`loss_outputs`): ``loss_labels`` / ``loss_boxes`` / ``loss_valid`` (targets padded
+  to 3 per image), transformers' ``loss`` and weighted ``loss_dict`` terms in eval mode
+  (``eval_*``) and in training mode without denoising queries (``train_*``), and the gradient
+  of that training loss for every weight, saved as a folder of its own (FOLDER/rtdetr_grads/:
+  the model's config.json and a model.safetensors of gradients under the weights' names, zero
+  for statistics and frozen weights), so that the conversion maps them as it maps the weights.
 
 Every BatchNorm's scale, shift and running statistics and every LayerNorm's weights are
 randomized, and every convolution and linear layer is drawn again at the scale of its fan-in
@@ -32,6 +38,7 @@ near 1 in size. Runs without TensorFlow (a process of its own: transformers' PyT
 code and TensorFlow in one process crash).
 """
 
+import os
 import sys
 
 import numpy as np
@@ -145,6 +152,60 @@ def processor_outputs(model, folder: str, out: dict) -> None:
                                ["pixel_values"])
 
 
+def loss_outputs(model, folder: str, pixels: torch.Tensor, out: dict) -> None:
+    """See the module docstring; changes the model (training mode updates BatchNorm
+    statistics), so it runs last."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    generator = torch.Generator().manual_seed(11)
+    counts, num_labels = (3, 1), len(CONFIG["id2label"])
+    labels = []
+    for count in counts:
+        centres = 0.25 + 0.5 * torch.rand(count, 2, generator=generator)
+        sizes = 0.1 + 0.3 * torch.rand(count, 2, generator=generator)
+        labels.append({"class_labels": torch.randint(0, num_labels, (count,),
+                                                     generator=generator),
+                       "boxes": torch.cat([centres, sizes], dim=1)})
+    most = max(counts)
+    out["loss_labels"] = np.zeros((len(counts), most), "int32")
+    out["loss_boxes"] = np.zeros((len(counts), most, 4), "float32")
+    out["loss_valid"] = np.zeros((len(counts), most), bool)
+    for i, target in enumerate(labels):
+        out["loss_labels"][i, :counts[i]] = target["class_labels"].numpy()
+        out["loss_boxes"][i, :counts[i]] = target["boxes"].numpy()
+        out["loss_valid"][i, :counts[i]] = True
+    with torch.no_grad():
+        result = model(pixel_values=pixels, labels=labels)
+    out["eval_loss"] = result.loss.numpy()
+    for name, value in result.loss_dict.items():
+        out[f"eval_{name}"] = value.detach().numpy()
+
+    model.config.num_denoising = 0  # the denoising queries are drawn at random
+    model.train()
+    model.zero_grad()
+    result = model(pixel_values=pixels, labels=labels)
+    result.loss.backward()
+    out["train_loss"] = result.loss.detach().numpy()
+    for name, value in result.loss_dict.items():
+        out[f"train_{name}"] = value.detach().numpy()
+    # Under the in-memory names (transformers 5 saves some under older ones; the conversion
+    # reads both), the saved file's tied copies left out.
+    parameters = dict(model.named_parameters())
+    grads = {}
+    for name, array in model.state_dict().items():
+        grad = parameters[name].grad if name in parameters else None
+        grads[name] = torch.zeros_like(array) if grad is None else grad.detach().clone()
+    saved = len(load_file(f"{folder}/rtdetr/model.safetensors"))
+    grads = {name: grad for name, grad in grads.items() if not (
+        len(grads) > saved and name.startswith("model.decoder.") and
+        name.replace("model.decoder.", "", 1) in grads)}
+    os.makedirs(f"{folder}/rtdetr_grads", exist_ok=True)
+    shutil.copy(f"{folder}/rtdetr/config.json", f"{folder}/rtdetr_grads/config.json")
+    save_file(grads, f"{folder}/rtdetr_grads/model.safetensors")
+
+
 def main(folder: str) -> None:
     torch.manual_seed(0)
     batch, height, width = IMAGES
@@ -184,6 +245,7 @@ def main(folder: str) -> None:
     processor_outputs(model, f"{folder}/rtdetr", out)
     for name in VARIANTS:
         backbone_variant(folder, name, pixels, out)
+    loss_outputs(model, folder, pixels, out)
     np.savez(f"{folder}/expected.npz", **out)
 
 

@@ -159,9 +159,11 @@ def test_hungarian_matcher_cost_and_assignment(solver):
 
 
 def test_matcher_config_round_trip():
-    matcher = HungarianMatcher(cost_class=2.0, cost_bbox=1.0, cost_giou=0.0, solver="ops")
+    matcher = HungarianMatcher(cost_class=2.0, cost_bbox=1.0, cost_giou=0.0, solver="ops",
+                               classification="focal", alpha=0.3, gamma=1.5)
     config = matcher.get_config()
-    assert config == {"cost_class": 2.0, "cost_bbox": 1.0, "cost_giou": 0.0, "solver": "ops"}
+    assert config == {"cost_class": 2.0, "cost_bbox": 1.0, "cost_giou": 0.0, "solver": "ops",
+                      "classification": "focal", "alpha": 0.3, "gamma": 1.5}
     restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(matcher))
     assert isinstance(restored, HungarianMatcher) and restored.get_config() == config
 

@@ -194,7 +194,7 @@ def test_postprocess_gives_transformers_detections_of_the_same_outputs(reference
 
 
 def test_the_processor_resize_is_pils_up_to_its_rounding(reference):
-    from vision.training.export import FixedSize
+    from vision.data.augment import FixedSize
 
     folder, expected = reference
     size = FixedSize(**rtdetr_convert.read_rtdetr(folder / "rtdetr").preprocessing)

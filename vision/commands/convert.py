@@ -45,7 +45,8 @@ def command(argv=None) -> int:
     if os.path.exists(out):
         parser.error(f"--out {args.out}: already exists; choose a new directory (nothing in "
                      "it is replaced)")
-    from vision.training.export import FixedSize, export_detector
+    from vision.data.augment import FixedSize
+    from vision.training.export import export_detector
 
     if os.path.isdir(args.checkpoint) and _model_type(args.checkpoint) == "rt_detr":
         from vision.rtdetr_convert import load_rtdetr

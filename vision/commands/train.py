@@ -54,8 +54,9 @@ def command(argv=None) -> int:
     add_override_arguments(parser, CONFIG_FLAGS)
     parser.add_argument("--init-from", metavar="PATH",
                         help="start from trained weights: a train_detr.py work directory, an "
-                             "export or a model.keras (the class head is re-initialized when "
-                             "the classes differ)")
+                             "export, a model.keras, or with an rtdetr-* preset a transformers "
+                             "RT-DETR folder (the class heads are re-initialized when the "
+                             "classes differ)")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="coco: train without the image files that cannot be decoded "
                              "(and their annotations) instead of stopping with their names")

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tfx_transformer import checks
 
 __all__ = [
+    "FixedSize",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "DetrSizes",
@@ -230,3 +231,31 @@ def normalize_image(image) -> tf.Tensor:
     """Scales 0..255 pixels to [0, 1], then subtracts the ImageNet mean and divides by its std."""
     image = tf.cast(image, tf.float32) / 255.0
     return (image - tf.constant(IMAGENET_MEAN)) / tf.constant(IMAGENET_STD)
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedSize:
+    """The real-time detectors' preprocessing (RT-DETR; transformers' ``RTDetrImageProcessor``):
+    every image resized to ``height`` x ``width`` whatever its aspect ratio (bilinear,
+    antialiased where it shrinks, as PIL's), its pixels multiplied by ``rescale``, then
+    normalized by ``mean`` and ``std`` where they are given (RT-DETR's are not). The batch
+    needs no padding: its mask is all True.
+
+    transformers resizes with PIL, in fixed point, rounding the resized pixels to integers; here
+    they stay floating point (at most one grey level apart; none where no resize happens).
+    """
+
+    height: int = 640
+    width: int = 640
+    rescale: float = 1 / 255
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+
+    def __call__(self, image):
+        """``(..., H, W, 3)`` -> ``(..., height, width, 3)`` float32 model input."""
+        resized = tf.image.resize(image, [self.height, self.width], antialias=True)
+        pixels = resized * self.rescale
+        if self.mean is not None:
+            pixels = (pixels - tf.constant(self.mean, tf.float32)) / tf.constant(self.std,
+                                                                                 tf.float32)
+        return pixels

@@ -35,6 +35,7 @@ from tfx_transformer import checks
 from vision.config import AUGMENTATIONS
 from vision.data.augment import (
     DetrSizes,
+    FixedSize,
     detr_train_transform,
     horizontal_flip,
     normalize_image,
@@ -139,7 +140,7 @@ class _ObjectLimitCallback(keras.callbacks.Callback):
 
 
 def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_objects: int,
-             augmentation: str = "detr"):
+             augmentation: str = "detr", fixed: FixedSize | None = None):
     image, boxes = record["image"], tf.cast(record["boxes"], tf.float32)
     labels, image_id = tf.cast(record["labels"], tf.int32), tf.cast(record["image_id"], tf.int64)
     orig_size = tf.shape(image)[:2]
@@ -164,7 +165,10 @@ def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_object
         [(x0 + x1) / 2 / width, (y0 + y1) / 2 / height, (x1 - x0) / width, (y1 - y0) / height], -1
     )
     pad = max_objects - tf.shape(labels)[0]
-    inputs = {"images": normalize_image(image), "mask": tf.ones(size, tf.bool)}
+    if fixed is None:
+        inputs = {"images": normalize_image(image), "mask": tf.ones(size, tf.bool)}
+    else:  # stretched to the fixed size: the normalized boxes stay as they are
+        inputs = {"images": fixed(image), "mask": tf.ones([fixed.height, fixed.width], tf.bool)}
     targets = {
         "labels": tf.ensure_shape(tf.pad(labels, [[0, pad]]), [max_objects]),
         "boxes": tf.ensure_shape(tf.pad(boxes, [[0, pad], [0, 0]]), [max_objects, 4]),
@@ -181,7 +185,7 @@ def make_batches(
     object_limit: ObjectLimit,
     training: bool = False,
     seed: int = 0,
-    image_size: int = 800,
+    image_size: int | FixedSize = 800,
     max_size: int | None = None,
     pad_to: tuple[int, int] | None = None,
     drop_remainder: bool = False,
@@ -206,6 +210,8 @@ def make_batches(
         training: Augment (randomly, reproducibly from `seed`, differently each epoch).
         seed: Augmentation seed.
         image_size: Evaluation shorter side; training scales are 0.6..1.0 of it (DETR: 800).
+            A `FixedSize` (RT-DETR): every image, after the augmentation (whose sizes are
+            those of its longer side), is stretched to that size and scaled as it says.
         max_size: Longer-side cap; default `image_size * 1333 / 800`.
         pad_to: Pad every batch to this fixed `(height, width)` instead of its largest image
             (static shapes for XLA / TPU); it must hold every resized image.
@@ -224,6 +230,9 @@ def make_batches(
             f"`object_limit` must be an ObjectLimit. Received: object_limit={object_limit!r}"
         )
     max_objects = object_limit.max_objects
+    fixed = image_size if isinstance(image_size, FixedSize) else None
+    if fixed is not None:
+        image_size, max_size = max(fixed.height, fixed.width), None
     sizes = DetrSizes.scaled(image_size, max_size)
     if augmentation not in AUGMENTATIONS:
         raise ValueError(
@@ -232,7 +241,7 @@ def make_batches(
     pad_to = checks.positive_ints("pad_to", pad_to, length=2, optional=True)  # (height, width)
     prepare = functools.partial(
         _prepare, training=training, sizes=sizes, max_objects=max_objects,
-        augmentation=augmentation,
+        augmentation=augmentation, fixed=fixed,
     )
     records = records.filter(object_limit.keep)
     if training:

@@ -10,6 +10,13 @@ are matched one-to-one to the ground truth by a `HungarianMatcher`, then:
 - ``loss_bbox``: ``Σ |Δ|`` of normalized cxcywh coordinates over matched pairs / num_boxes.
 - ``loss_giou``: ``Σ (1 − GIoU)`` over matched pairs / num_boxes.
 
+With ``classification="varifocal"`` (RT-DETR: sigmoid class scores, ``C`` logits and no
+no-object one) the classification loss is the varifocal loss ``loss_vfl`` in place of
+``loss_ce``: binary cross-entropy of every (query, class) logit against the target score, the
+matched box's IoU with its object (no gradient) on the object's class and 0 elsewhere,
+weighted by ``alpha * sigmoid(logit)^gamma`` (no gradient) where the target is 0 and by the
+target score where it is not, summed over queries and classes / num_boxes.
+
 ``num_boxes = max(valid targets in the batch, 1)``. Under a distribution strategy, pass the
 average over replicas instead (`num_boxes` argument; `count_boxes` gives the local count to
 all-reduce), as DETR does.
@@ -31,9 +38,10 @@ from tfx_transformer import checks
 from vision.matching.matcher import HungarianMatcher
 from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou, generalized_box_iou
 
-__all__ = ["SetCriterion"]
+__all__ = ["CLASSIFICATIONS", "SetCriterion"]
 
 _DEFAULT_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+CLASSIFICATIONS = ("softmax", "varifocal")
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -66,6 +74,12 @@ class SetCriterion:
             softmax form of the IoU-aware score target of varifocal loss (RT-DETR), so that
             the class score ranks the detections by how well they are placed. False: DETR's
             one-hot target.
+        classification: ``"softmax"`` (DETR's cross-entropy over ``C + 1`` logits,
+            ``loss_ce``) or ``"varifocal"`` (sigmoid scores over ``C`` logits, ``loss_vfl``;
+            see the module docstring). Default weights with ``"varifocal"``:
+            ``{"loss_vfl": 1, "loss_bbox": 5, "loss_giou": 2}``.
+        focal_alpha, focal_gamma: the varifocal weight's ``alpha`` and ``gamma``
+            (RT-DETR's ``focal_loss_alpha`` 0.75, ``focal_loss_gamma`` 2).
 
     Call arguments:
         outputs: Dict with ``pred_logits`` `(B, Q, C + 1)`, ``pred_boxes`` `(B, Q, 4)`
@@ -95,15 +109,30 @@ class SetCriterion:
         proposal_matches: int = 1,
         one_to_many_copies: int = 6,
         iou_aware: bool = False,
+        classification: str = "softmax",
+        focal_alpha: float = 0.75,
+        focal_gamma: float = 2.0,
     ) -> None:
         checks.positive_int("num_classes", num_classes)
         checks.non_negative_number("eos_coef", eos_coef)
         if not callable(matcher):
             raise TypeError(f"`matcher` must be callable. Received: matcher={matcher!r}")
+        if classification not in CLASSIFICATIONS:
+            raise ValueError(f"`classification` must be one of {CLASSIFICATIONS}. "
+                             f"Received: classification={classification!r}")
+        if classification == "varifocal" and iou_aware:
+            raise ValueError("`iou_aware` is the softmax form of the varifocal target; with "
+                             "classification='varifocal' leave it False. Received: True")
         self.num_classes = num_classes
         self.matcher = matcher
         self.eos_coef = float(eos_coef)
-        self.weight_dict = dict(_DEFAULT_WEIGHTS if weight_dict is None else weight_dict)
+        self.classification = classification
+        self.focal_alpha = float(focal_alpha)
+        self.focal_gamma = float(focal_gamma)
+        self._class_loss = "loss_vfl" if classification == "varifocal" else "loss_ce"
+        if weight_dict is None:
+            weight_dict = {self._class_loss: 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
+        self.weight_dict = dict(weight_dict)
         self.aux_loss = bool(aux_loss)
         self.proposal_matches = checks.positive_int("proposal_matches", proposal_matches)
         self.one_to_many_copies = checks.positive_int("one_to_many_copies", one_to_many_copies)
@@ -196,12 +225,15 @@ class SetCriterion:
                 f"`{where}` must have keys 'pred_logits' and 'pred_boxes'. "
                 f"Received: keys={sorted(layer)}"
             )
-        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C + 1)
+        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C [+ 1])
         pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
-        if len(logits.shape) != 3 or logits.shape[-1] != self.num_classes + 1:
+        sigmoid = self.classification == "varifocal"
+        width = self.num_classes if sigmoid else self.num_classes + 1
+        if len(logits.shape) != 3 or logits.shape[-1] != width:
             raise ValueError(
-                f"`{where}['pred_logits']` must have shape (B, Q, num_classes + 1) = "
-                f"(B, Q, {self.num_classes + 1}). Received: shape={tuple(logits.shape)}"
+                f"`{where}['pred_logits']` must have shape (B, Q, "
+                f"{'num_classes' if sigmoid else 'num_classes + 1'}) = (B, Q, {width}). "
+                f"Received: shape={tuple(logits.shape)}"
             )
         pred_valid = layer.get("valid")  # (B, Q) bool or None: predictions that may match
         if pred_valid is None:
@@ -216,6 +248,8 @@ class SetCriterion:
                          pred_valid: Any, num_boxes: Any) -> dict:
         """The three losses given each prediction's target index (-1: no-object);
         ``pred_valid`` (None: all) marks the predictions that take part."""
+        if self.classification == "varifocal":
+            return self._varifocal_losses(layer, labels, boxes, indices, pred_valid, num_boxes)
         logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C + 1)
         pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
         indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
@@ -239,16 +273,33 @@ class SetCriterion:
             weights = ops.where(pred_valid, weights, 0.0)
         loss_ce = _safe_divide(ops.sum(weights * nll), ops.sum(weights))
 
-        # Box losses over matched pairs only.
-        l1 = ops.sum(ops.abs(pred_boxes - target_boxes), axis=-1)  # (B, Q)
-        giou = generalized_box_iou(
-            box_cxcywh_to_xyxy(pred_boxes)[..., None, :],  # (B, Q, 1, 4)
-            box_cxcywh_to_xyxy(target_boxes)[..., None, :],
-        )[..., 0, 0]  # (B, Q): GIoU of each query with its own target
-        zeros = ops.zeros_like(l1)
-        loss_bbox = ops.sum(ops.where(matched, l1, zeros)) / num_boxes
-        loss_giou = ops.sum(ops.where(matched, 1.0 - giou, zeros)) / num_boxes
-        return {"loss_ce": loss_ce, "loss_bbox": loss_bbox, "loss_giou": loss_giou}
+        return {"loss_ce": loss_ce, **_box_losses(pred_boxes, target_boxes, matched, num_boxes)}
+
+    def _varifocal_losses(self, layer: dict, labels: Any, boxes: Any, indices: Any,
+                          pred_valid: Any, num_boxes: Any) -> dict:
+        """`_losses_of_match` with the varifocal classification loss (sigmoid scores)."""
+        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C)
+        pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
+        indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
+        matched = indices >= 0
+        safe_indices = ops.maximum(indices, 0)
+        matched_labels = ops.take_along_axis(ops.cast(labels, "int32"), safe_indices, axis=1)
+        gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
+        target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
+        iou = box_iou(box_cxcywh_to_xyxy(pred_boxes)[..., None, :],
+                      box_cxcywh_to_xyxy(target_boxes)[..., None, :])[0][..., 0, 0]  # (B, Q)
+        one_hot = ops.one_hot(matched_labels, self.num_classes) * ops.cast(
+            matched, "float32")[..., None]  # (B, Q, C), zero where unmatched
+        score = ops.stop_gradient(iou)[..., None] * one_hot  # the target score
+        prob = ops.stop_gradient(ops.sigmoid(logits))
+        weight = self.focal_alpha * prob**self.focal_gamma * (1.0 - one_hot) + score
+        # Binary cross-entropy with logits, in its stable form.
+        bce = ops.relu(logits) - logits * score + ops.log1p(ops.exp(-ops.abs(logits)))
+        loss = weight * bce
+        if pred_valid is not None:  # invalid predictions take no part in the loss
+            loss = ops.where(ops.cast(pred_valid, "bool")[..., None], loss, 0.0)
+        return {"loss_vfl": ops.sum(loss) / num_boxes,
+                **_box_losses(pred_boxes, target_boxes, matched, num_boxes)}
 
     def get_config(self) -> dict:
         return {
@@ -260,6 +311,9 @@ class SetCriterion:
             "proposal_matches": self.proposal_matches,
             "one_to_many_copies": self.one_to_many_copies,
             "iou_aware": self.iou_aware,
+            "classification": self.classification,
+            "focal_alpha": self.focal_alpha,
+            "focal_gamma": self.focal_gamma,
         }
 
     @classmethod
@@ -267,6 +321,19 @@ class SetCriterion:
         config = dict(config)
         config["matcher"] = keras.saving.deserialize_keras_object(config["matcher"])
         return cls(**config)
+
+
+def _box_losses(pred_boxes: Any, target_boxes: Any, matched: Any, num_boxes: Any) -> dict:
+    """``loss_bbox`` (L1) and ``loss_giou`` (1 - GIoU) summed over the matched pairs /
+    ``num_boxes``."""
+    l1 = ops.sum(ops.abs(pred_boxes - target_boxes), axis=-1)  # (B, Q)
+    giou = generalized_box_iou(
+        box_cxcywh_to_xyxy(pred_boxes)[..., None, :],  # (B, Q, 1, 4)
+        box_cxcywh_to_xyxy(target_boxes)[..., None, :],
+    )[..., 0, 0]  # (B, Q): GIoU of each query with its own target
+    zeros = ops.zeros_like(l1)
+    return {"loss_bbox": ops.sum(ops.where(matched, l1, zeros)) / num_boxes,
+            "loss_giou": ops.sum(ops.where(matched, 1.0 - giou, zeros)) / num_boxes}
 
 
 def _tagged(losses: dict, tag: str) -> dict:

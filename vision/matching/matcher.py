@@ -1,7 +1,8 @@
 """DETR's matching cost and the matcher that solves it (``models/matcher.py`` of DETR).
 
 `HungarianMatcher` builds the cost of matching each prediction to each ground-truth object and
-solves the assignment exactly with `vision.matching.assignment.assign`.
+solves the assignment exactly with `vision.matching.assignment.assign`: DETR's softmax class
+cost, or RT-DETR's focal one for sigmoid class scores (``classification="focal"``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from keras import ops
 from vision.matching.assignment import SOLVERS, assign
 from vision.modeling.box_ops import box_cxcywh_to_xyxy, generalized_box_iou
 
-__all__ = ["HungarianMatcher"]
+__all__ = ["CLASSIFICATIONS", "HungarianMatcher"]
+
+CLASSIFICATIONS = ("softmax", "focal")
 
 
 # Cost of a prediction that must not be matched: far above any real cost (with DETR's
@@ -29,7 +32,10 @@ class HungarianMatcher:
     The cost of matching query `q` to target `m` is, exactly as in DETR,
     ``cost_bbox * L1(box_q, box_m) - cost_class * softmax(logits_q)[label_m]
     - cost_giou * GIoU(xyxy(box_q), xyxy(box_m))``, with L1 on normalized cxcywh boxes.
-    No gradient flows through the matching.
+    With ``classification="focal"`` (RT-DETR, D-FINE: one sigmoid per class, no no-object
+    logit) the class term is the focal cost of ``p = sigmoid(logits_q)[label_m]``:
+    ``cost_class * (alpha (1 - p)^gamma (-log(p + 1e-8)) - (1 - alpha) p^gamma
+    (-log(1 - p + 1e-8)))``. No gradient flows through the matching.
 
     Args:
         cost_class: Weight of the classification term.
@@ -37,9 +43,12 @@ class HungarianMatcher:
         cost_giou: Weight of the GIoU term.
         solver: ``"scipy"`` or ``"ops"``; see `vision.matching.assignment.assign`. ``"scipy"``
             needs a train step compiled with ``jit_compile=False``.
+        classification: ``"softmax"`` (DETR) or ``"focal"`` (sigmoid scores).
+        alpha, gamma: of the focal cost (RT-DETR's ``matcher_alpha``, ``matcher_gamma``).
 
     Call arguments:
-        pred_logits: `(B, Q, C + 1)` class logits, last index = no-object.
+        pred_logits: `(B, Q, C + 1)` class logits, last index = no-object (``"focal"``:
+            `(B, Q, C)`).
         pred_boxes: `(B, Q, 4)` predicted boxes, normalized cxcywh.
         labels: `(B, M)` int target classes in `[0, C)` (any value where padded).
         boxes: `(B, M, 4)` target boxes, normalized cxcywh.
@@ -59,6 +68,9 @@ class HungarianMatcher:
         cost_bbox: float = 5.0,
         cost_giou: float = 2.0,
         solver: str = "scipy",
+        classification: str = "softmax",
+        alpha: float = 0.25,
+        gamma: float = 2.0,
     ) -> None:
         if cost_class == 0 and cost_bbox == 0 and cost_giou == 0:
             raise ValueError(
@@ -71,6 +83,12 @@ class HungarianMatcher:
         self.cost_bbox = float(cost_bbox)
         self.cost_giou = float(cost_giou)
         self.solver = solver
+        if classification not in CLASSIFICATIONS:
+            raise ValueError(f"`classification` must be one of {CLASSIFICATIONS}. "
+                             f"Received: classification={classification!r}")
+        self.classification = classification
+        self.alpha = float(alpha)
+        self.gamma = float(gamma)
 
     def cost_matrix(self, pred_logits: Any, pred_boxes: Any, labels: Any, boxes: Any) -> Any:
         """DETR's matching cost; same arguments as `__call__` (without `valid`).
@@ -82,16 +100,24 @@ class HungarianMatcher:
         pred = ops.stop_gradient(ops.cast(pred_boxes, "float32"))
         target = ops.cast(boxes, "float32")
         labels = ops.convert_to_tensor(labels)
-        _check_rank(logits, "pred_logits", 3, "(B, Q, C + 1)")
+        _check_rank(logits, "pred_logits", 3, "(B, Q, C)" if self.classification == "focal"
+                    else "(B, Q, C + 1)")
         _check_shape(pred, "pred_boxes", "(B, Q, 4)")
         _check_rank(labels, "labels", 2, "(B, M)")
         _check_shape(target, "boxes", "(B, M, 4)")
-        prob = ops.softmax(logits, axis=-1)  # (B, Q, C + 1)
-        label_one_hot = ops.one_hot(ops.cast(labels, "int32"), logits.shape[-1])  # (B, M, C + 1)
+        focal = self.classification == "focal"
+        prob = ops.sigmoid(logits) if focal else ops.softmax(logits, axis=-1)  # (B, Q, C[+1])
+        label_one_hot = ops.one_hot(ops.cast(labels, "int32"), logits.shape[-1])  # (B, M, C[+1])
         prob_of_label = ops.einsum("bqc,bmc->bqm", prob, label_one_hot)  # (B, Q, M)
+        if focal:
+            p, a, g = prob_of_label, self.alpha, self.gamma
+            class_cost = (a * (1 - p) ** g * -ops.log(p + 1e-8)
+                          - (1 - a) * p ** g * -ops.log(1 - p + 1e-8))
+        else:
+            class_cost = -prob_of_label
         l1 = ops.sum(ops.abs(pred[:, :, None, :] - target[:, None, :, :]), axis=-1)  # (B, Q, M)
         giou = generalized_box_iou(box_cxcywh_to_xyxy(pred), box_cxcywh_to_xyxy(target))
-        return self.cost_bbox * l1 - self.cost_class * prob_of_label - self.cost_giou * giou
+        return self.cost_bbox * l1 + self.cost_class * class_cost - self.cost_giou * giou
 
     def __call__(
         self, pred_logits: Any, pred_boxes: Any, labels: Any, boxes: Any, valid: Any,
@@ -111,6 +137,9 @@ class HungarianMatcher:
             "cost_bbox": self.cost_bbox,
             "cost_giou": self.cost_giou,
             "solver": self.solver,
+            "classification": self.classification,
+            "alpha": self.alpha,
+            "gamma": self.gamma,
         }
 
     @classmethod

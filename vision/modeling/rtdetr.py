@@ -21,20 +21,32 @@ As transformers' ``RTDetrForObjectDetection`` computes it in eval mode (lyuwenyu
 The classes are scored with sigmoids (focal loss): ``num_classes`` logits, no "no object"
 column. Padding masks are not used (transformers' RT-DETR has none in inference either);
 denoising queries are a training matter and are off here.
+
+Training (``compile`` + ``fit``, `vision.modeling.set_loss.SetLossModel`) uses RT-DETR's
+criterion by default (`rtdetr_criterion`): the focal matching cost (class 2, L1 5, GIoU 2),
+the varifocal classification loss and L1 / GIoU box losses (weights 1, 5, 2) on the last
+decoder layer, on every earlier one and on the selected cells' boxes (``enc_outputs``), each
+matched on its own, as transformers' ``RTDetrLoss`` computes them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 import keras
 from keras import ops
 
+from vision.matching.losses import SetCriterion
+from vision.matching.matcher import HungarianMatcher
 from vision.modeling.heads import MLP
 from vision.modeling.hybrid_encoder import ConvNorm
 from vision.modeling.postprocess import rtdetr_postprocess
+from vision.modeling.set_loss import SetLossModel
 
-__all__ = ["QuerySelection", "RTDetr", "anchors"]
+__all__ = ["QuerySelection", "RTDetr", "anchors", "rtdetr_criterion"]
+
+_LOSS_TERMS = ("loss_vfl", "loss_bbox", "loss_giou")
 
 _FLOAT32_MAX = 3.4028234663852886e38
 
@@ -48,8 +60,11 @@ class QuerySelection(NamedTuple):
         enc_logits: ``(B, S, C)`` every cell's class logits.
         enc_box_logits: ``(B, S, 4)`` every cell's box, cxcywh in logit space (anchor added).
         target: ``(B, Q, d)`` the selected cells' ``enc_output`` features (the queries).
-        reference_logits: ``(B, Q, 4)`` their boxes in logit space (``init_reference_points``).
+        reference_logits: ``(B, Q, 4)`` their boxes in logit space (``init_reference_points``;
+            no gradient flows back through it).
         topk_logits: ``(B, Q, C)`` their class logits.
+        topk_box_logits: ``(B, Q, 4)`` their boxes in logit space, with gradient (the
+            ``enc_outputs`` loss trains the box head through it).
     """
 
     memory: Any
@@ -59,6 +74,7 @@ class QuerySelection(NamedTuple):
     target: Any
     reference_logits: Any
     topk_logits: Any
+    topk_box_logits: Any
 
 
 def anchors(spatial_shapes, grid_size: float = 0.05, eps: float = 1e-2):
@@ -80,7 +96,7 @@ def anchors(spatial_shapes, grid_size: float = 0.05, eps: float = 1e-2):
 
 
 @keras.saving.register_keras_serializable(package="vision")
-class RTDetr(keras.Model):
+class RTDetr(SetLossModel):
     """The RT-DETR detector (see the module docstring).
 
     Args:
@@ -130,9 +146,22 @@ class RTDetr(keras.Model):
         self.enc_output = keras.layers.Dense(d, dtype=policy, name="enc_output")
         self.enc_output_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=policy, name="enc_output_norm")
-        self.enc_score_head = keras.layers.Dense(num_classes, dtype=policy,
-                                                 name="enc_score_head")
+        prior = 1.0 / (num_classes + 1)  # transformers' initialization, as the decoder's heads
+        self.enc_score_head = keras.layers.Dense(
+            num_classes, bias_initializer=keras.initializers.Constant(
+                -math.log((1 - prior) / prior)), dtype=policy, name="enc_score_head")
         self.enc_bbox_head = MLP(d, d, 4, 3, dtype=policy, name="enc_bbox_head")
+        self.criterion: SetCriterion | None = None
+        self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
+
+    @property
+    def backbone_variables(self) -> list:
+        """The backbone's trainable variables (trained with the smaller learning rate)."""
+        return list(self.backbone.trainable_variables)
+
+    def default_criterion(self) -> SetCriterion:
+        """`rtdetr_criterion` for this model's classes."""
+        return rtdetr_criterion(self.num_classes)
 
     def build(self, images_shape):
         if isinstance(images_shape, dict):
@@ -149,6 +178,9 @@ class RTDetr(keras.Model):
         for layer in (self.enc_output, self.enc_output_norm, self.enc_score_head,
                       self.enc_bbox_head):
             layer.build((None, None, self.d_model))
+        last = self.enc_bbox_head.layers[-1]  # boxes start at their anchors
+        last.kernel.assign(ops.zeros_like(last.kernel))
+        last.bias.assign(ops.zeros_like(last.bias))
         if not self.decoder.built:
             self.decoder.build((None, self.num_queries, self.d_model), (None, None, self.d_model))
         self.built = True
@@ -176,9 +208,10 @@ class RTDetr(keras.Model):
         def take(x):  # (B, S, k) -> (B, Q, k)
             return ops.take_along_axis(x, index[..., None], axis=1)
 
+        topk_boxes = take(enc_boxes)
         return QuerySelection(memory, shapes, enc_logits, enc_boxes,
                               ops.stop_gradient(take(output)),
-                              ops.stop_gradient(take(enc_boxes)), take(enc_logits))
+                              ops.stop_gradient(topk_boxes), take(enc_logits), topk_boxes)
 
     def call(self, inputs, training=None):
         images = inputs["images"] if isinstance(inputs, dict) else inputs
@@ -189,7 +222,7 @@ class RTDetr(keras.Model):
         logits, boxes = ops.cast(logits, "float32"), ops.cast(boxes, "float32")
         layers = [{"pred_logits": logits[:, i], "pred_boxes": boxes[:, i]}
                   for i in range(logits.shape[1])]
-        enc_boxes = ops.sigmoid(ops.cast(selection.reference_logits, "float32"))
+        enc_boxes = ops.sigmoid(ops.cast(selection.topk_box_logits, "float32"))
         return {**layers[-1], "aux_outputs": layers[:-1],
                 "enc_outputs": {"pred_logits": ops.cast(selection.topk_logits, "float32"),
                                 "pred_boxes": enc_boxes}}
@@ -218,3 +251,16 @@ class RTDetr(keras.Model):
             if isinstance(config.get(key), dict):
                 config[key] = keras.saving.deserialize_keras_object(config[key])
         return cls(**config)
+
+
+def rtdetr_criterion(num_classes: int, solver: str = "scipy", aux_loss: bool = True,
+                     weights: dict | None = None,
+                     costs: tuple[float, float, float] = (2.0, 5.0, 2.0)) -> SetCriterion:
+    """RT-DETR's set criterion (transformers' ``RTDetrConfig`` defaults): focal matching cost
+    (class, L1, GIoU `costs` 2, 5, 2; alpha 0.25, gamma 2), varifocal loss (alpha 0.75,
+    gamma 2) and box losses, weighted 1 / 5 / 2 (`weights` replaces them), on every decoder
+    layer with `aux_loss` and on the selected cells."""
+    matcher = HungarianMatcher(*costs, solver=solver, classification="focal", alpha=0.25,
+                               gamma=2.0)
+    return SetCriterion(num_classes, matcher, weight_dict=weights, aux_loss=aux_loss,
+                        classification="varifocal", focal_alpha=0.75, focal_gamma=2.0)

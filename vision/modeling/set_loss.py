@@ -1,9 +1,11 @@
 """How a detector trains under Keras ``fit``: its loss is a Hungarian-matched set criterion.
 
-`SetLossModel` is the base class of `vision.modeling.detr.DETR`: ``compile`` takes the set
-``criterion`` (`vision.matching.losses.SetCriterion`) in place of ``loss`` and DETR's AdamW by
-default, and ``compute_loss`` is DETR's distributed loss (``num_boxes`` all-reduced over the
-replicas). Subclasses give ``num_classes``, ``backbone_variables`` and ``loss_trackers``.
+`SetLossModel` is the base class of `vision.modeling.detr.DETR` and
+`vision.modeling.rtdetr.RTDetr`: ``compile`` takes the set ``criterion``
+(`vision.matching.losses.SetCriterion`) in place of ``loss`` and DETR's AdamW by default, and
+``compute_loss`` is DETR's distributed loss (``num_boxes`` all-reduced over the replicas).
+Subclasses give ``num_classes``, ``backbone_variables`` and ``loss_trackers``, and may give
+their own ``default_criterion``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ class SetLossModel(OptimizerBuiltFirst, keras.Model):
         Args:
             optimizer: defaults to ``DetrAdamW()`` (DETR's settings). A `DetrAdamW` without
                 backbone variables gets this model's ``backbone_variables``.
-            criterion: a `SetCriterion`; defaults to DETR's (``HungarianMatcher(1, 5, 2)``,
-                ``eos_coef`` 0.1, weights 1/5/2, auxiliary losses).
+            criterion: a `SetCriterion`; defaults to the model's ``default_criterion()``
+                (DETR's: ``HungarianMatcher(1, 5, 2)``, ``eos_coef`` 0.1, weights 1/5/2,
+                auxiliary losses).
             jit_compile: ``False`` by default because the matcher's default ``"scipy"`` solver
                 is a host callback that XLA cannot compile; with a
                 ``HungarianMatcher(solver="ops")`` criterion, ``True`` works.
@@ -49,9 +52,13 @@ class SetLossModel(OptimizerBuiltFirst, keras.Model):
         if isinstance(inner, DetrAdamW) and not inner.has_backbone_variables:
             inner.set_backbone_variables(self.backbone_variables)
         if criterion is None:
-            criterion = SetCriterion(self.num_classes, HungarianMatcher())
+            criterion = self.default_criterion()
         self.criterion = criterion
         super().compile(optimizer=optimizer, jit_compile=jit_compile, **kwargs)
+
+    def default_criterion(self) -> SetCriterion:
+        """DETR's set criterion for this model's classes."""
+        return SetCriterion(self.num_classes, HungarianMatcher())
 
     def get_compile_config(self):
         config = super().get_compile_config()
@@ -68,7 +75,8 @@ class SetLossModel(OptimizerBuiltFirst, keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         """The criterion's ``"loss"`` on ``y = {"labels", "boxes", "valid"}``.
 
-        Also updates the ``loss_ce``, ``loss_bbox`` and ``loss_giou`` metrics (last layer).
+        Also updates the ``loss_trackers`` metrics (``loss_ce`` or ``loss_vfl``,
+        ``loss_bbox``, ``loss_giou`` of the last layer).
 
         Under a `tf.distribute` strategy with ``n`` replicas this is DETR's distributed
         loss: ``num_boxes`` is the number of targets summed over the replicas (an

@@ -31,7 +31,7 @@ import tensorflow as tf
 
 from tfx_transformer.saved_model import write_saved_model
 from tfx_transformer.training.workdir import write_export_dir
-from vision.data.augment import normalize_image, resized_shape
+from vision.data.augment import FixedSize, normalize_image, resized_shape
 from vision.data.decode import decode_image
 from vision.modeling.postprocess import postprocess
 from vision.serving import (
@@ -44,39 +44,11 @@ from vision.serving import (
     SERVING,
 )
 
-__all__ = ["FixedSize", "decode_and_preprocess", "export_detector", "make_detect_fn",
+__all__ = ["decode_and_preprocess", "export_detector", "make_detect_fn",
            "preprocess_images"]
 
 IMAGES_SPEC = tf.TensorSpec([None, None, None, 3], tf.uint8, name=IMAGES_KEY)
 BYTES_SPEC = tf.TensorSpec([None], tf.string, name=BYTES_KEY)
-
-
-@dataclasses.dataclass(frozen=True)
-class FixedSize:
-    """The real-time detectors' preprocessing (RT-DETR; transformers' ``RTDetrImageProcessor``):
-    every image resized to ``height`` x ``width`` whatever its aspect ratio (bilinear,
-    antialiased where it shrinks, as PIL's), its pixels multiplied by ``rescale``, then
-    normalized by ``mean`` and ``std`` where they are given (RT-DETR's are not). The batch
-    needs no padding: its mask is all True.
-
-    transformers resizes with PIL, in fixed point, rounding the resized pixels to integers; here
-    they stay floating point (at most one grey level apart; none where no resize happens).
-    """
-
-    height: int = 640
-    width: int = 640
-    rescale: float = 1 / 255
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-
-    def __call__(self, image):
-        """``(..., H, W, 3)`` -> ``(..., height, width, 3)`` float32 model input."""
-        resized = tf.image.resize(image, [self.height, self.width], antialias=True)
-        pixels = resized * self.rescale
-        if self.mean is not None:
-            pixels = (pixels - tf.constant(self.mean, tf.float32)) / tf.constant(self.std,
-                                                                                 tf.float32)
-        return pixels
 
 
 def _resize(image, image_size, max_size):

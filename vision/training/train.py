@@ -1,9 +1,12 @@
-"""Training a detector end to end: data, DETR + set loss + AdamW, fit, export, COCO AP.
+"""Training a detector end to end: data, DETR or RT-DETR + set loss + AdamW, fit, export,
+COCO AP.
 
 `DetectionTask` is what is particular to detection (the source's batches with their object
 limit, the model with its set criterion and AdamW on DETR's learning-rate drop, the export and
 COCO AP); `train_detr` hands it to `tfx_transformer.training.trainer.Trainer`, which runs the
-rest.
+rest. The config's ``architecture`` picks the detector: DETR, or RT-DETR (its architecture
+from the config's ``rtdetr`` fields or from an ``--init-from`` RT-DETR folder, its images
+stretched to a fixed size as RT-DETR's image processor does, its loss `rtdetr_criterion`).
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.trainer import RunContext, Task, TaskData, Trainer
 from vision.config import DetrConfig
-from vision.data.augment import DetrSizes
+from vision.data.augment import DetrSizes, FixedSize
 from vision.data.batching import ObjectLimit, make_batches
 from vision.data.image_check import CACHE_FILE
 from vision.data.sources import load_source
 from vision.modeling.detr import build_criterion, build_model
+from vision.modeling.rtdetr import rtdetr_criterion
 from vision.modeling.optimizer import build_optimizer
-from vision.pretrained import check_init_source, init_from
+from vision.pretrained import check_init_source, init_from, rtdetr_folder_config
 from vision.training.evaluate import evaluate_records
 from vision.training.export import export_detector, make_detect_fn
 
@@ -58,7 +62,9 @@ class DetectionTask(Task):
         skip_bad_images: train without the ``coco:`` image files that cannot be used (and
             their annotations) instead of stopping with their names.
         init_from: start a new run from these weights (`vision.pretrained.init_from`: a work
-            directory, an export or a ``model.keras``); a resumed run starts from its own.
+            directory, an export, a ``model.keras`` or, with an RT-DETR preset, a
+            transformers RT-DETR folder, whose architecture replaces the preset's); a resumed
+            run starts from its own.
     """
 
     state_files = ()
@@ -72,8 +78,24 @@ class DetectionTask(Task):
         self.data, self.config, self.run, self.log = data, config, run, log
         self.skip_bad_images = skip_bad_images
         self.init_from = init_from
+        folder_config = None
         if init_from is not None:
             check_init_source(init_from)
+            folder_config = rtdetr_folder_config(init_from)
+            if folder_config is not None:
+                if config.architecture != "rtdetr":
+                    raise ValueError(
+                        f"--init-from {init_from}: an RT-DETR folder needs an RT-DETR preset "
+                        f"(rtdetr-tiny, rtdetr-r18, rtdetr-r50: its training settings; the "
+                        f"architecture comes from the folder). Received: --preset "
+                        f"{config.name}")
+                config = self.config = dataclasses.replace(config, rtdetr=folder_config)
+        self.fixed_size = None
+        if config.architecture == "rtdetr":  # RT-DETR's image processor: stretch, / 255
+            scaling = {}
+            if folder_config is not None:  # the folder's own scaling and normalization
+                scaling = _folder_scaling(init_from)
+            self.fixed_size = FixedSize(config.image_size, config.image_size, **scaling)
         self.default_epochs = config.epochs
         self.limit = ObjectLimit(config.num_queries)  # DETR needs a query per object
 
@@ -118,6 +140,8 @@ class DetectionTask(Task):
                              f"global batch of {global_batch} ({config.batch_size} per replica "
                              f"times {replicas} replicas)")
         sizes = dict(image_size=config.image_size, max_size=config.max_image_size)
+        if self.fixed_size is not None:
+            sizes = dict(image_size=self.fixed_size, max_size=None)
         train_ds = source.batches("train", batch_size=global_batch, object_limit=limit,
                                   seed=context.data_seed, augmentation=config.augmentation,
                                   drop_remainder=whole, **sizes)
@@ -151,13 +175,17 @@ class DetectionTask(Task):
         return TaskData(train_ds, valid_ds, train_steps)
 
     def build_model(self, context: RunContext, data: TaskData) -> keras.Model:
-        """`DETR` compiled with its set criterion and AdamW on DETR's step drop."""
+        """`DETR` (or `RTDetr`) compiled with its set criterion and AdamW on DETR's step
+        drop."""
         config, run, classes = self.config, self.run, self.source.num_classes
         schedule = StepDropSchedule(config.learning_rate, config.lr_drop_epochs,
                                     config.lr_drop_fraction, run.max_steps)
-        model = build_model(config, classes)
+        if config.architecture == "rtdetr":
+            model, criterion = build_rtdetr_model(config, classes)
+        else:
+            model, criterion = build_model(config, classes), build_criterion(config, classes)
         model.compile(optimizer=build_optimizer(config, model, learning_rate=schedule),
-                      criterion=build_criterion(config, classes), jit_compile=run.jit_compile)
+                      criterion=criterion, jit_compile=run.jit_compile)
         self.log(f"model: {config.name}, {model.count_params():,} parameters, "
                  f"{context.replicas} replica(s), batch {self.global_batch}")
         if self.init_from is not None:
@@ -174,15 +202,21 @@ class DetectionTask(Task):
 
     def export(self, model: keras.Model, path) -> None:
         config, source = self.config, self.source
-        export_detector(model, path, source.class_names, config.image_size,
-                        config.max_image_size, category_ids=source.category_ids)
+        export_detector(model, path, source.class_names, *self._eval_sizes(),
+                        category_ids=source.category_ids)
+
+    def _eval_sizes(self) -> tuple:
+        """``(image_size, max_size)`` of the evaluation resize and the export."""
+        if self.fixed_size is not None:
+            return self.fixed_size, None
+        return self.config.image_size, self.config.max_image_size
 
     def evaluate(self, model: keras.Model) -> dict:
         """Validation COCO AP (pycocotools), data and config."""
         config, run, source = self.config, self.run, self.source
         scores: dict = {}
         if self.num_valid != 0:
-            detect = make_detect_fn(model, config.image_size, config.max_image_size)
+            detect = make_detect_fn(model, *self._eval_sizes())
             scores = evaluate_records(detect, source.records("valid"),
                                       batch_size=self.global_batch, limit=run.eval_limit,
                                       num_classes=source.num_classes)
@@ -194,6 +228,35 @@ class DetectionTask(Task):
                      "valid_images": scores.get("n", self.num_valid)},
             "config": {"preset": config.name, **dataclasses.asdict(config)},
         }
+
+
+def _folder_scaling(folder) -> dict:
+    """The pixel scaling and normalization of an RT-DETR folder's image processor (its
+    ``preprocessor_config.json``, or the processor's defaults); the size is the run's."""
+    from tfx_transformer.hf_files import read_json
+    from vision.rtdetr_config import preprocessing_settings
+
+    path = os.path.join(os.fspath(folder), "preprocessor_config.json")
+    settings = preprocessing_settings(read_json(path) if os.path.isfile(path) else None, path)
+    return {key: settings[key] for key in ("rescale", "mean", "std")}
+
+
+def build_rtdetr_model(config: DetrConfig, num_classes: int):
+    """The built `RTDetr` of an ``architecture="rtdetr"`` config (its ``rtdetr`` fields with
+    the config's ``num_queries`` and ``dropout``) and its `rtdetr_criterion` (the config's
+    matcher costs, solver, auxiliary losses and weights, ``loss_ce`` weighting the varifocal
+    loss)."""
+    from vision.rtdetr_config import rtdetr_settings
+    from vision.rtdetr_convert import build_rtdetr
+
+    fields = {**config.rtdetr, "num_queries": config.num_queries, "dropout": config.dropout}
+    model = build_rtdetr(rtdetr_settings(fields, f"preset {config.name}: rtdetr"), num_classes)
+    weights = {"loss_vfl": config.loss_ce, "loss_bbox": config.loss_bbox,
+               "loss_giou": config.loss_giou}
+    criterion = rtdetr_criterion(num_classes, solver=config.matcher_solver,
+                                 aux_loss=config.aux_loss, weights=weights,
+                                 costs=(config.cost_class, config.cost_bbox, config.cost_giou))
+    return model, criterion
 
 
 def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: RunOptions,

@@ -1,0 +1,161 @@
+"""RT-DETR's training loss (`vision.modeling.rtdetr.rtdetr_criterion`: focal matching cost,
+varifocal loss, L1 / GIoU on every decoder layer and the selected cells) against
+transformers' ``RTDetrForObjectDetection(labels=...)`` on the converted tiny model of
+reference_rtdetr.py: the loss terms in eval mode and in training mode (no denoising queries),
+and the gradient of every trainable weight. Needs the ``[reference]`` extra."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from vision import rtdetr_convert
+from vision.modeling.rtdetr import rtdetr_criterion
+
+if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
+    pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
+                "is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.xdist_group("torch_reference")
+
+WEIGHTS = {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}  # RTDetrConfig's defaults
+
+
+@pytest.fixture(scope="module")
+def reference(torch_references):
+    folder = torch_references["rtdetr"]
+    return folder, dict(np.load(folder / "expected.npz"))
+
+
+def _targets(expected):
+    return {"labels": expected["loss_labels"], "boxes": expected["loss_boxes"],
+            "valid": expected["loss_valid"]}
+
+
+def _assert_transformers_terms(losses, expected, mode, layers):
+    """Our unweighted terms times their weights against transformers' weighted ``loss_dict``:
+    its ``_aux_i`` are our earlier layers ``_i`` and, last, the selected cells (``_enc``)."""
+    compared = 0
+    for key in expected:
+        if not key.startswith(f"{mode}_loss_"):
+            continue
+        name = key[len(mode) + 1:]
+        base, _, aux = name.partition("_aux_")
+        ours = base if not aux else f"{base}_enc" if int(aux) == layers - 1 else name.replace(
+            "_aux", "")
+        np.testing.assert_allclose(WEIGHTS[base] * float(losses[ours]), expected[key],
+                                   rtol=2e-5, atol=2e-6, err_msg=f"{mode} {name} ({ours})")
+        compared += 1
+    assert compared == 3 * (layers + 1)  # the last layer, the earlier ones, the cells
+    np.testing.assert_allclose(float(losses["loss"]), expected[f"{mode}_loss"], rtol=2e-5)
+
+
+def test_eval_mode_loss_and_the_compiled_default_are_transformers(reference):
+    folder, expected = reference
+    model = rtdetr_convert.load_rtdetr(folder / "rtdetr")
+    model.compile()  # RT-DETR's criterion by default
+    assert model.criterion.classification == "varifocal"
+    losses = model.criterion(model(expected["images"]), _targets(expected))
+    _assert_transformers_terms(losses, expected, "eval", layers=2)
+    metrics = model.evaluate(expected["images"], _targets(expected), batch_size=2,
+                             verbose=0, return_dict=True)
+    np.testing.assert_allclose(metrics["loss"], expected["eval_loss"], rtol=2e-5)
+    np.testing.assert_allclose(metrics["loss_vfl"], expected["eval_loss_vfl"], rtol=2e-5)
+
+
+def test_training_mode_loss_and_every_gradient_are_transformers(reference):
+    import tensorflow as tf
+
+    folder, expected = reference
+    model = rtdetr_convert.load_rtdetr(folder / "rtdetr")
+    criterion = rtdetr_criterion(5)
+    with tf.GradientTape() as tape:
+        losses = criterion(model(expected["images"], training=True), _targets(expected))
+    _assert_transformers_terms(losses, expected, "train", layers=2)
+    grads = tape.gradient(losses["loss"], model.trainable_variables)
+    theirs = rtdetr_convert.read_rtdetr(folder / "rtdetr_grads").arrays
+    largest = max(float(np.abs(g).max()) for g in theirs.values())
+    for variable, grad in zip(model.trainable_variables, grads):
+        key = variable.path.split("/", 1)[1]
+        ours = np.zeros(variable.shape) if grad is None else np.asarray(grad)
+        # float32 rounding through the whole network: 1e-3 of the weight's own largest
+        # gradient (2.7e-4 measured), and 1e-6 of the model's for the ones that are 0
+        # mathematically (a key bias, a shift before a BatchNorm: 6e-7 measured).
+        bound = 1e-3 * float(np.abs(theirs[key]).max()) + 1e-6 * largest
+        assert float(np.abs(ours - theirs[key]).max()) <= bound, key
+        assert float(np.abs(theirs[key]).max()) > 0, key  # every weight takes part
+
+
+def test_init_from_an_rtdetr_folder_reinitializes_or_reorders_the_class_heads(reference):
+    import keras
+
+    from vision.config import preset
+    from vision.pretrained import init_from, rtdetr_folder_config
+    from vision.training.train import build_rtdetr_model
+
+    folder, _ = reference
+    source = rtdetr_convert.load_rtdetr(folder / "rtdetr")
+    names = list(source.class_names)  # cat, dog, bird, fish, horse
+    config = preset("rtdetr-tiny", rtdetr=rtdetr_folder_config(folder / "rtdetr"),
+                    num_queries=10)
+    model, _ = build_rtdetr_model(config, 2)
+    lines = []
+    init_from(model, folder / "rtdetr", ["cat", "dog"], lines.append)
+    heads = 2 * (1 + 2)  # kernel and bias: enc_score_head, class_head_0, class_head_1
+    assert lines == ["class head: 5 → 2 outputs, re-initialized",
+                     f"init from {folder / 'rtdetr'}: {len(model.weights) - heads} of "
+                     f"{len(model.weights)} weights loaded"]
+
+    def array(m, path):
+        return next(keras.ops.convert_to_numpy(v) for v in m.weights
+                    if v.path.split("/", 1)[1] == path)
+
+    key = "backbone/embedder_0_convolution/kernel"
+    np.testing.assert_array_equal(array(model, key), array(source, key))
+    # The same classes in another order: every head's columns follow the names (no
+    # "no object" column in RT-DETR's heads).
+    order = [4, 2, 0, 1, 3]
+    model, _ = build_rtdetr_model(config, 5)
+    lines = []
+    init_from(model, folder / "rtdetr", [names[i] for i in order], lines.append)
+    assert lines[0] == "class head: the same 5 classes in another order, reordered by name"
+    for head in ("enc_score_head", "decoder/class_head_1"):
+        np.testing.assert_array_equal(array(model, f"{head}/kernel"),
+                                      array(source, f"{head}/kernel")[:, order])
+        np.testing.assert_array_equal(array(model, f"{head}/bias"),
+                                      array(source, f"{head}/bias")[order])
+
+
+@pytest.mark.slow
+def test_train_detr_fine_tunes_an_rtdetr_folder_and_exports_what_it_trained(reference,
+                                                                           tmp_path):
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    from vision.commands import train
+    from vision.data.augment import FixedSize
+    from vision.modeling.postprocess import rtdetr_postprocess
+
+    folder, _ = reference
+    work = tmp_path / "work"
+    assert train.main(["--data", "embedded", "--preset", "rtdetr-tiny", "--init-from",
+                       str(folder / "rtdetr"), "--workdir", str(work), "--max-steps", "2",
+                       "--eval-limit", "4", "--batch-size", "2"]) == 0
+    metrics = json.loads((work / "metrics.json").read_text())
+    assert metrics["config"]["architecture"] == "rtdetr"
+    assert metrics["config"]["rtdetr"]["d_model"] == 32  # the folder's, not the preset's 128
+    assert metrics["valid"]["n"] == 4
+    size = FixedSize(**json.loads((work / "export" / "preprocessing.json").read_text()))
+    assert size == FixedSize(128, 128)  # the preset's size, the processor's pixels / 255
+    # The export detects as the trained model (model.keras) on its own preprocessing.
+    image = np.random.default_rng(0).integers(0, 256, (1, 90, 150, 3), dtype=np.uint8)
+    model = keras.saving.load_model(work / "model.keras", compile=False)
+    assert model.num_classes == 3  # circle, square, triangle: the class heads replaced
+    ours = rtdetr_postprocess(model(size(tf.constant(image))), np.array([[90, 150]]))
+    export = tf.saved_model.load(str(work / "export"))
+    theirs = export.signatures["serving_default"](images=tf.constant(image))
+    np.testing.assert_allclose(theirs["scores"], ours["scores"], atol=1e-5)
+    np.testing.assert_array_equal(theirs["labels"], ours["labels"])
+    np.testing.assert_allclose(theirs["boxes"], ours["boxes"], atol=1e-3)
