@@ -1,6 +1,7 @@
-"""RT-DETR inference: our converted export against transformers' RTDetrForObjectDetection.
+"""RT-DETR inference and training steps: ours against transformers' RTDetrForObjectDetection.
 
     python benchmarks/rtdetr_peer.py [--repeats 5] [--only r18,r50] [--batches 1,4]
+    python benchmarks/rtdetr_peer.py --train [--repeats 5] [--only tiny,r18]
 
 Needs the ``[reference]`` extra (torch, transformers). For each size, transformers builds the
 ``RTDetrForObjectDetection`` of ``PekingU/rtdetr_r18vd`` / ``rtdetr_r50vd``'s configuration
@@ -15,6 +16,16 @@ server run), timed alternately after a warm-up; each row prints the medians and
 ``ratio = ours / peer`` (the median of the per-repeat ratios; lower is better) and
 ``speed-up`` (its inverse: images/s, ours over theirs). The detections of the two are compared
 on the first batch (the largest score difference is printed).
+
+``--train``: one optimizer step on a fixed batch (3 objects per image), of the same weights on
+both sides: ours is the converted model compiled as ``train_detr.py`` compiles it (DETR's AdamW:
+1e-4, the backbone at 1e-5, weight decay 1e-4, global clipping at 0.1; `rtdetr_criterion`)
+and run by Keras's ``train_on_batch``; transformers' is ``RTDetrForObjectDetection(labels=)``
+in ``train()`` mode, ``backward``, clipping and ``torch.optim.AdamW`` with the same two rates.
+Denoising queries are off on both sides (``num_denoising=0``: ours has none yet). Sizes:
+``tiny``, the ``rtdetr-tiny`` preset's model (128 px, batch 16, 20 queries, 3 classes), where
+the row of DETR's ``tiny`` preset (the same images, ImageNet-normalized, with their mask) is
+timed alongside ours too, and ``r18`` (640 px, batch 2, 300 queries, 80 classes).
 """
 
 from __future__ import annotations
@@ -135,12 +146,96 @@ def size_cases(size: str, batches: list[int], repeats: int) -> list[tuple[str, d
     return rows
 
 
+TRAIN = {"tiny": dict(side=128, batch=16, classes=3),
+         "r18": dict(side=SIDE, batch=2, classes=80)}
+
+
+def peer_training_model(size: str, folder: str) -> RTDetrForObjectDetection:
+    """`peer_model` for ``--train``: ``tiny`` is the ``rtdetr-tiny`` preset's configuration;
+    denoising off."""
+    if size != "tiny":
+        model = peer_model(size, folder)
+    else:
+        from vision.config import preset
+
+        tiny = preset("rtdetr-tiny")
+        torch.manual_seed(0)
+        config = RTDetrConfig(**{**tiny.rtdetr, "num_queries": tiny.num_queries,
+                                 "num_labels": TRAIN["tiny"]["classes"]})
+        model = RTDetrForObjectDetection(config)
+        model.save_pretrained(folder)
+    model.config.num_denoising = 0
+    return model.train()
+
+
+def train_cases(size: str, repeats: int) -> list[tuple[str, dict, int]]:
+    from vision.config import preset
+    from vision.modeling.optimizer import build_optimizer
+    from vision.modeling.rtdetr import rtdetr_criterion
+    from vision.rtdetr_convert import load_rtdetr
+
+    side, batch, classes = (TRAIN[size][k] for k in ("side", "batch", "classes"))
+    rng = np.random.default_rng(0)
+    images = rng.random((batch, side, side, 3), dtype=np.float32)  # pixels / 255
+    count = 3
+    boxes = np.concatenate([rng.uniform(0.3, 0.7, (batch, count, 2)),
+                            rng.uniform(0.1, 0.3, (batch, count, 2))], -1).astype("float32")
+    labels = rng.integers(0, classes, (batch, count)).astype("int32")
+    targets = {"labels": labels, "boxes": boxes, "valid": np.ones((batch, count), bool)}
+    config = preset("rtdetr-tiny" if size == "tiny" else f"rtdetr-{size}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        peer = peer_training_model(size, os.path.join(tmp, "hf"))
+        ours = load_rtdetr(os.path.join(tmp, "hf"))
+        ours.compile(optimizer=build_optimizer(config, ours),
+                     criterion=rtdetr_criterion(classes))
+        backbone = [p for n, p in peer.named_parameters() if ".backbone." in f".{n}"]
+        rest = [p for n, p in peer.named_parameters() if ".backbone." not in f".{n}"]
+        optimizer = torch.optim.AdamW([{"params": rest, "lr": config.learning_rate},
+                                       {"params": backbone, "lr": config.learning_rate *
+                                        config.backbone_lr_multiplier}],
+                                      weight_decay=config.weight_decay)
+        pixels = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+        peer_labels = [{"class_labels": torch.from_numpy(labels[i]).long(),
+                        "boxes": torch.from_numpy(boxes[i])} for i in range(batch)]
+
+        def peer_step():
+            optimizer.zero_grad()
+            loss = peer(pixel_values=pixels, labels=peer_labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(peer.parameters(), config.clip_norm)
+            optimizer.step()
+            return float(loss)
+
+        def ours_step():
+            return float(ours.train_on_batch(images, targets))
+
+        result = alternate({"ours": ours_step, "peer": peer_step}, repeats)
+        rows.append((f"RT-DETR {size} train, batch {batch}, {side} px", result, batch))
+        if size == "tiny":  # DETR's tiny preset on the same images
+            from vision.modeling.detr import build_criterion, build_model
+
+            detr_config = preset("tiny")
+            detr = build_model(detr_config, classes)
+            detr.compile(optimizer=build_optimizer(detr_config, detr),
+                         criterion=build_criterion(detr_config, classes))
+            mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+            inputs = {"images": ((images - mean) / std).astype("float32"),
+                      "mask": np.ones(images.shape[:3], bool)}
+            result = alternate({"ours": ours_step,
+                                "peer": lambda: float(detr.train_on_batch(inputs, targets))},
+                               repeats)
+            rows.append((f"RT-DETR tiny / DETR tiny train, batch {batch}", result, batch))
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default="r18,r50")
     parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--train", action="store_true", help="optimizer steps (see above)")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     import keras
@@ -152,14 +247,17 @@ def main(argv=None) -> int:
           f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}", flush=True)
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
+    sizes = TRAIN if args.train else SIZES
     for size in args.only.split(","):
-        if size not in SIZES:
-            parser.error(f"unknown size {size!r}: {', '.join(SIZES)}")
-        rows.extend(size_cases(size, batches, args.repeats))
-    print(f"{'case':<32}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}{'speed-up':>10}")
+        if size not in sizes:
+            parser.error(f"unknown size {size!r}: {', '.join(sizes)}")
+        rows.extend(train_cases(size, args.repeats) if args.train
+                    else size_cases(size, batches, args.repeats))
+    print(f"{'case':<44}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}{'speed-up':>10}"
+          f"{'ours img/s':>12}")
     for label, r, batch in rows:
-        print(f"{label:<32}{r['ours'] * 1e3:>10.0f}{r['peer'] * 1e3:>10.0f}{r['ratio']:>8.2f}"
-              f"{1 / r['ratio']:>10.2f}")
+        print(f"{label:<44}{r['ours'] * 1e3:>10.0f}{r['peer'] * 1e3:>10.0f}{r['ratio']:>8.2f}"
+              f"{1 / r['ratio']:>10.2f}{batch / r['ours']:>12.1f}")
     return 0
 
 

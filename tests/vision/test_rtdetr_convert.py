@@ -256,6 +256,26 @@ def test_a_preprocessing_other_than_a_fixed_bilinear_resize_is_refused(change, m
         rtdetr_config.preprocessing_settings(fields)
 
 
+# The whole preprocessor_config.json of docling-project/docling-layout-heron, an RT-DETR v2
+# published on the Hub (its 444 bytes, field for field): the field set users' folders have.
+PUBLISHED_PROCESSOR = {
+    "image_processor_type": "RTDetrImageProcessor", "do_convert_annotations": True,
+    "do_normalize": False, "do_pad": False, "do_rescale": True, "do_resize": True,
+    "format": "coco_detection", "image_mean": [0.485, 0.456, 0.406],
+    "image_std": [0.229, 0.224, 0.225], "pad_size": None, "resample": 2,
+    "rescale_factor": 0.00392156862745098, "size": {"height": 640, "width": 640}}
+
+
+def test_a_published_processor_config_reads_as_its_resize_and_scaling():
+    assert rtdetr_config.preprocessing_settings(PUBLISHED_PROCESSOR) == dict(
+        height=640, width=640, rescale=0.00392156862745098, mean=None, std=None)
+    normalized = {**PUBLISHED_PROCESSOR, "do_normalize": True, "size": {"height": 512,
+                                                                        "width": 768}}
+    assert rtdetr_config.preprocessing_settings(normalized) == dict(
+        height=512, width=768, rescale=0.00392156862745098, mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225))
+
+
 @pytest.mark.slow
 def test_litert_and_onnx_files_detect_as_the_export(reference, converted):
     """The LiteRT (builtin operators only) and ONNX float32 files of the converted model, on

@@ -127,35 +127,24 @@ def test_init_from_an_rtdetr_folder_reinitializes_or_reorders_the_class_heads(re
 
 
 @pytest.mark.slow
-def test_train_detr_fine_tunes_an_rtdetr_folder_and_exports_what_it_trained(reference,
-                                                                           tmp_path):
+def test_train_detr_fine_tunes_an_rtdetr_folder_to_new_classes(reference, tmp_path):
     import json
-
-    import keras
-    import tensorflow as tf
 
     from vision.commands import train
     from vision.data.augment import FixedSize
-    from vision.modeling.postprocess import rtdetr_postprocess
 
     folder, _ = reference
     work = tmp_path / "work"
+    # One step, two held-out images scored: the run's own scoring is DETR's (tests/scripts);
+    # the export of an RT-DETR is checked against transformers in test_rtdetr_convert.py.
     assert train.main(["--data", "embedded", "--preset", "rtdetr-tiny", "--init-from",
-                       str(folder / "rtdetr"), "--workdir", str(work), "--max-steps", "2",
-                       "--eval-limit", "4", "--batch-size", "2"]) == 0
+                       str(folder / "rtdetr"), "--workdir", str(work), "--max-steps", "1",
+                       "--eval-limit", "2", "--batch-size", "2"]) == 0
     metrics = json.loads((work / "metrics.json").read_text())
     assert metrics["config"]["architecture"] == "rtdetr"
     assert metrics["config"]["rtdetr"]["d_model"] == 32  # the folder's, not the preset's 128
-    assert metrics["valid"]["n"] == 4
+    assert metrics["valid"]["n"] == 2
     size = FixedSize(**json.loads((work / "export" / "preprocessing.json").read_text()))
     assert size == FixedSize(128, 128)  # the preset's size, the processor's pixels / 255
-    # The export detects as the trained model (model.keras) on its own preprocessing.
-    image = np.random.default_rng(0).integers(0, 256, (1, 90, 150, 3), dtype=np.uint8)
-    model = keras.saving.load_model(work / "model.keras", compile=False)
-    assert model.num_classes == 3  # circle, square, triangle: the class heads replaced
-    ours = rtdetr_postprocess(model(size(tf.constant(image))), np.array([[90, 150]]))
-    export = tf.saved_model.load(str(work / "export"))
-    theirs = export.signatures["serving_default"](images=tf.constant(image))
-    np.testing.assert_allclose(theirs["scores"], ours["scores"], atol=1e-5)
-    np.testing.assert_array_equal(theirs["labels"], ours["labels"])
-    np.testing.assert_allclose(theirs["boxes"], ours["boxes"], atol=1e-3)
+    classes = json.loads((work / "export" / "classes.json").read_text())
+    assert classes["class_names"] == ["circle", "square", "triangle"]
