@@ -88,8 +88,12 @@ def find_source(model: str | os.PathLike, input_size: int | None = None) -> Dete
                          f"directory, its export/, or a tfx-convert-detr directory: "
                          f"{_MODEL_FILE} beside export/{_CLASSES_FILE})")
     root = found[0]
+    metrics_file = root / "metrics.json"
+    metrics = json.loads(metrics_file.read_text(encoding="utf-8")) \
+        if metrics_file.is_file() else {}
+    config, data = metrics.get("config") or {}, (metrics.get("data") or {}).get("spec")
     fixed_file = root / "export" / _PREPROCESSING_FILE
-    if fixed_file.is_file():  # a fixed-size detector (a converted RT-DETR)
+    if fixed_file.is_file():  # a fixed-size detector (RT-DETR: converted, or a run's)
         fixed = json.loads(fixed_file.read_text(encoding="utf-8"))
         if input_size is not None:
             raise ValueError(f"--input-size {input_size}: {model} resizes every image to "
@@ -97,11 +101,7 @@ def find_source(model: str | os.PathLike, input_size: int | None = None) -> Dete
                              "--input-size out")
         side = max(fixed["height"], fixed["width"])
         return DetectorSource(root / _MODEL_FILE, root / "export" / _CLASSES_FILE, side, side,
-                              side, None, fixed)
-    metrics_file = root / "metrics.json"
-    metrics = json.loads(metrics_file.read_text(encoding="utf-8")) \
-        if metrics_file.is_file() else {}
-    config, data = metrics.get("config") or {}, (metrics.get("data") or {}).get("spec")
+                              side, data, fixed)
     if input_size is not None and (isinstance(input_size, bool) or int(input_size) < 8):
         raise ValueError(f"--input-size {input_size}: must be an integer of at least 8")
     if "image_size" in config:
