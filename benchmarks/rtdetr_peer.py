@@ -52,7 +52,8 @@ SIDE = 640
 SIZES = {
     "r18": dict(backbone=dict(layer_type="basic", depths=[2, 2, 2, 2],
                               hidden_sizes=[64, 128, 256, 512], out_indices=[2, 3, 4]),
-                model=dict(encoder_in_channels=[128, 256, 512], decoder_layers=3)),
+                model=dict(encoder_in_channels=[128, 256, 512], hidden_expansion=0.5,
+                           decoder_layers=3)),
     "r50": dict(backbone=dict(out_indices=[2, 3, 4]), model={}),
 }
 
@@ -208,7 +209,7 @@ def train_cases(size: str, repeats: int) -> list[tuple[str, dict, int]]:
             return float(loss)
 
         def ours_step():
-            return float(ours.train_on_batch(images, targets))
+            return float(ours.train_on_batch(images, targets, return_dict=True)["loss"])
 
         result = alternate({"ours": ours_step, "peer": peer_step}, repeats)
         rows.append((f"RT-DETR {size} train, batch {batch}, {side} px", result, batch))
@@ -223,7 +224,8 @@ def train_cases(size: str, repeats: int) -> list[tuple[str, dict, int]]:
             inputs = {"images": ((images - mean) / std).astype("float32"),
                       "mask": np.ones(images.shape[:3], bool)}
             result = alternate({"ours": ours_step,
-                                "peer": lambda: float(detr.train_on_batch(inputs, targets))},
+                                "peer": lambda: float(detr.train_on_batch(inputs, targets,
+                                                                 return_dict=True)["loss"])},
                                repeats)
             rows.append((f"RT-DETR tiny / DETR tiny train, batch {batch}", result, batch))
     return rows
