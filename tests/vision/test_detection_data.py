@@ -291,6 +291,38 @@ def test_padded_batch_masks_real_pixels_and_normalizes_boxes():
     assert [x["mask"].shape for x, _ in fixed] == [(2, 48, 48)]
 
 
+def test_fixed_size_batches_stretch_every_image_and_keep_the_normalized_boxes():
+    """RT-DETR's batches (`FixedSize`): every image resized to 16 x 24 whatever its aspect,
+    scaled by 1/255 and not ImageNet-normalized, the mask all True; the boxes normalized to
+    the image, which the stretch leaves as they are. With flips (training) a flipped image's
+    boxes are mirrored."""
+    sizes = [(30, 40), (50, 20)]
+    images = [np.random.default_rng(i).integers(0, 256, (h, w, 3), dtype=np.uint8)
+              for i, (h, w) in enumerate(sizes)]
+    boxes, labels = [[[4, 3, 20, 15]], [[0, 0, 20, 50]]], [[2], [0]]
+    size = augment.FixedSize(16, 24)
+    inputs, targets = next(iter(make_batches(_records(images, boxes, labels), batch_size=2,
+                                             object_limit=ObjectLimit(2), image_size=size)))
+    assert inputs["images"].shape == (2, 16, 24, 3) and bool(tf.reduce_all(inputs["mask"]))
+    for i, image in enumerate(images):
+        np.testing.assert_allclose(inputs["images"][i], size(image), atol=1e-6)
+        np.testing.assert_allclose(inputs["images"][i], tf.image.resize(
+            image, [16, 24], antialias=True) / 255, atol=1e-6)
+    np.testing.assert_allclose(targets["boxes"][:, 0], [[12 / 40, 9 / 30, 16 / 40, 12 / 30],
+                                                        [0.5, 0.5, 1, 1]], atol=1e-6)
+    flipped = make_batches(_records(images, boxes, labels), batch_size=2, training=True,
+                           object_limit=ObjectLimit(2), image_size=size, augmentation="flip")
+    for seed in range(4):  # some image flipped, some not
+        inputs, targets = next(iter(flipped))
+        for i, image in enumerate(images):
+            plain = np.asarray(size(image))
+            mirrored = np.allclose(inputs["images"][i], plain[:, ::-1], atol=1e-5)
+            assert mirrored or np.allclose(inputs["images"][i], plain, atol=1e-5)
+            cx = targets["boxes"][i, 0, 0]
+            want = [12 / 40, 0.5][i]
+            np.testing.assert_allclose(cx, 1 - want if mirrored else want, atol=1e-6)
+
+
 def test_training_batches_are_augmented_reproducibly():
     source = data.load_source("embedded", num_train=8, num_valid=4, embedded_size=64)
     kwargs = dict(batch_size=4, object_limit=ObjectLimit(6), image_size=64, seed=3)

@@ -147,13 +147,14 @@ def _prepare(record: dict, seed, *, training: bool, sizes: DetrSizes, max_object
     if training and augmentation == "detr":
         image, boxes, labels = detr_train_transform(image, boxes, labels, seed, sizes)
     elif training and augmentation == "flip":
-        image, boxes = resize(image, boxes, sizes.eval_size, sizes.max_size)
+        if fixed is None:  # a fixed size stretches the image as it is (below)
+            image, boxes = resize(image, boxes, sizes.eval_size, sizes.max_size)
         image, boxes = tf.cond(
             tf.random.stateless_uniform([], seed) < 0.5,
             lambda: horizontal_flip(image, boxes),
             lambda: (image, boxes),
         )
-    else:
+    elif fixed is None:
         image, boxes = resize(image, boxes, sizes.eval_size, sizes.max_size)
     size = tf.shape(image)[:2]
     height, width = tf.cast(size[0], tf.float32), tf.cast(size[1], tf.float32)
@@ -210,8 +211,9 @@ def make_batches(
         training: Augment (randomly, reproducibly from `seed`, differently each epoch).
         seed: Augmentation seed.
         image_size: Evaluation shorter side; training scales are 0.6..1.0 of it (DETR: 800).
-            A `FixedSize` (RT-DETR): every image, after the augmentation (whose sizes are
-            those of its longer side), is stretched to that size and scaled as it says.
+            A `FixedSize` (RT-DETR): every image is stretched to that size and scaled as it
+            says, as the export does; with ``"detr"`` augmentation after its multi-scale
+            resize and crop (sizes of the fixed size's longer side).
         max_size: Longer-side cap; default `image_size * 1333 / 800`.
         pad_to: Pad every batch to this fixed `(height, width)` instead of its largest image
             (static shapes for XLA / TPU); it must hold every resized image.
