@@ -148,3 +148,15 @@ def test_train_detr_fine_tunes_an_rtdetr_folder_to_new_classes(reference, tmp_pa
     assert size == FixedSize(128, 128)  # the preset's size, the processor's pixels / 255
     classes = json.loads((work / "export" / "classes.json").read_text())
     assert classes["class_names"] == ["circle", "square", "triangle"]
+
+
+def test_an_rtdetr_folder_with_a_detr_preset_is_one_error_line(reference, tmp_path, capsys):
+    from vision.commands import train
+
+    folder, _ = reference
+    code = train.main(["--data", "embedded", "--init-from", str(folder / "rtdetr"),
+                       "--workdir", str(tmp_path / "work"), "--max-steps", "1"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1
+    assert "needs an RT-DETR preset" in errors[0] and "--preset tiny" in errors[0]
+    assert not (tmp_path / "work").exists()
