@@ -40,7 +40,6 @@ from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou, generalized_box
 
 __all__ = ["CLASSIFICATIONS", "SetCriterion"]
 
-_DEFAULT_WEIGHTS = {"loss_ce": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
 CLASSIFICATIONS = ("softmax", "varifocal")
 
 
@@ -82,7 +81,8 @@ class SetCriterion:
             (RT-DETR's ``focal_loss_alpha`` 0.75, ``focal_loss_gamma`` 2).
 
     Call arguments:
-        outputs: Dict with ``pred_logits`` `(B, Q, C + 1)`, ``pred_boxes`` `(B, Q, 4)`
+        outputs: Dict with ``pred_logits`` `(B, Q, C + 1)` (varifocal: `(B, Q, C)`),
+            ``pred_boxes`` `(B, Q, 4)`
             (normalized cxcywh) and optionally ``aux_outputs``: a list of such dicts, one per
             earlier decoder layer, ``one_to_many``: a dict with these three keys for the
             hybrid branch's queries, and ``enc_outputs``: such a dict for two-stage proposals,
@@ -97,6 +97,8 @@ class SetCriterion:
         Dict of float32 scalars: ``loss_ce``, ``loss_bbox``, ``loss_giou``; for aux layer `i`
         ``loss_ce_i``, ``loss_bbox_i``, ``loss_giou_i``; with ``enc_outputs``,
         ``loss_ce_enc``, ``loss_bbox_enc``, ``loss_giou_enc``; and ``loss``, the weighted sum.
+        With ``classification="varifocal"``, ``loss_vfl`` (``loss_vfl_i``, ...) in place of
+        ``loss_ce``.
     """
 
     def __init__(
