@@ -15,9 +15,9 @@ Weights are matched by their Keras path (``backbone/conv_0/kernel``, ...). Every
 model must be found with its shape, with two exceptions:
 
 - the class heads (``class_head``, ``proposal_class_head``: ``C + 1`` outputs, the last one
-  "no object"; RT-DETR's ``class_head_i`` and ``enc_score_head``: ``C`` outputs) are loaded when the source has the same classes, in any order (the columns are
-  reordered by name), and re-initialized when the class list differs ("class head: 92 -> 4
-  outputs, re-initialized");
+  "no object"; RT-DETR's ``class_head_i`` and ``enc_score_head``: ``C`` outputs) are loaded
+  when the source has the same classes, in any order (the columns are reordered by name), and
+  re-initialized when the class list differs ("class head: 92 -> 4 outputs, re-initialized");
 - per-query weights (``query_embed``, ``reference_logits``, ``query_content``) may
   shrink: the first ``Q`` are kept.
 
