@@ -29,8 +29,8 @@ from vision.data.batching import ObjectLimit, make_batches
 from vision.data.image_check import CACHE_FILE
 from vision.data.sources import load_source
 from vision.modeling.detr import build_criterion, build_model
-from vision.modeling.rtdetr import rtdetr_criterion
 from vision.modeling.optimizer import build_optimizer
+from vision.modeling.rtdetr import rtdetr_criterion
 from vision.pretrained import check_init_source, init_from, rtdetr_folder_config
 from vision.training.evaluate import evaluate_records
 from vision.training.export import export_detector, make_detect_fn
@@ -201,7 +201,7 @@ class DetectionTask(Task):
         return [self.limit.callback()]
 
     def export(self, model: keras.Model, path) -> None:
-        config, source = self.config, self.source
+        source = self.source
         export_detector(model, path, source.class_names, *self._eval_sizes(),
                         category_ids=source.category_ids)
 
