@@ -26,6 +26,7 @@ from vision.matching.assignment import SOLVERS
 from vision.modeling.backbone import BACKBONES, TINY_NORMS
 from vision.modeling.queries import query_layer_class
 from vision.modeling.refinement import make_box_decoding
+from vision.rtdetr_config import ARCHITECTURES as RTDETR_ARCHITECTURES
 
 __all__ = ["ARCHITECTURES", "AUGMENTATIONS", "DetrConfig", "PRESETS", "preset"]
 
@@ -268,29 +269,6 @@ _AIDS = dict(query_type="encoder", box_refinement=True, attention_radius=0.3)
 _RTDETR_TRAINING = dict(architecture="rtdetr", image_size=640, max_image_size=640,
                         num_queries=300, cost_class=2.0, epochs=72, lr_drop_epochs=72,
                         lr_drop_fraction=None, dropout=0.0)
-# transformers' RTDetrConfig defaults: RT-DETR R50-vd (PekingU/rtdetr_r50vd).
-_RTDETR_R50 = {"backbone_config": {"model_type": "rt_detr_resnet",
-                                   "out_features": ["stage2", "stage3", "stage4"]},
-               "encoder_in_channels": [512, 1024, 2048]}
-# PekingU/rtdetr_r18vd: basic blocks, CSP expansion 0.5, 3 decoder layers.
-_RTDETR_R18 = {
-    "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",
-                        "depths": [2, 2, 2, 2], "hidden_sizes": [64, 128, 256, 512],
-                        "embedding_size": 64, "downsample_in_bottleneck": False,
-                        "out_features": ["stage2", "stage3", "stage4"]},
-    "encoder_in_channels": [128, 256, 512], "hidden_expansion": 0.5, "decoder_layers": 3,
-}
-# RT-DETR at DETR tiny's size for CPU runs (`tiny`'s d 128, 4 heads, FFN 512, 3 decoder
-# layers): basic blocks of 32-256 channels, one per stage.
-_RTDETR_TINY = {
-    "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",
-                        "depths": [1, 1, 1, 1], "hidden_sizes": [32, 64, 128, 256],
-                        "embedding_size": 32, "out_features": ["stage2", "stage3", "stage4"]},
-    "encoder_in_channels": [64, 128, 256], "encoder_hidden_dim": 128, "d_model": 128,
-    "encoder_ffn_dim": 512, "decoder_ffn_dim": 512, "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4, "decoder_layers": 3, "hidden_expansion": 0.5,
-    "decoder_in_channels": [128, 128, 128],
-}
 
 PRESETS: dict[str, DetrConfig] = {
     # DETR-R50 with the convergence aids (benchmarks/README.md): two-stage queries, iterative
@@ -316,11 +294,11 @@ PRESETS: dict[str, DetrConfig] = {
             "augmentation": "flip",
         },
     ),
-    "rtdetr-r50": DetrConfig(name="rtdetr-r50", rtdetr=_RTDETR_R50, **_RTDETR_TRAINING),
-    "rtdetr-r18": DetrConfig(name="rtdetr-r18", rtdetr=_RTDETR_R18, **_RTDETR_TRAINING),
+    "rtdetr-r50": DetrConfig(name="rtdetr-r50", rtdetr=RTDETR_ARCHITECTURES["r50"], **_RTDETR_TRAINING),
+    "rtdetr-r18": DetrConfig(name="rtdetr-r18", rtdetr=RTDETR_ARCHITECTURES["r18"], **_RTDETR_TRAINING),
     # RT-DETR at `tiny`'s size and training settings (128 px, 20 queries, batch 16,
     # learning rate 2e-4, the backbone trained from scratch at the full rate, flips).
-    "rtdetr-tiny": DetrConfig(name="rtdetr-tiny", rtdetr=_RTDETR_TINY, **{
+    "rtdetr-tiny": DetrConfig(name="rtdetr-tiny", rtdetr=RTDETR_ARCHITECTURES["tiny"], **{
         **_RTDETR_TRAINING, **{k: _TINY[k] for k in (
             "num_queries", "learning_rate", "batch_size", "image_size", "max_image_size",
             "epochs", "lr_drop_epochs", "lr_drop_fraction")},

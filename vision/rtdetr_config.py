@@ -11,7 +11,7 @@ implemented is refused by name, with the file it is in.
 
 from __future__ import annotations
 
-__all__ = ["ACTIVATIONS", "BACKBONE_FIELDS", "MODEL_FIELDS", "PROCESSOR_DEFAULTS",
+__all__ = ["ACTIVATIONS", "ARCHITECTURES", "BACKBONE_FIELDS", "MODEL_FIELDS", "PROCESSOR_DEFAULTS",
            "backbone_settings", "preprocessing_settings", "rtdetr_settings"]
 
 ACTIVATIONS = {"relu": "relu", "silu": "silu", "swish": "silu", "gelu": "gelu",
@@ -201,3 +201,30 @@ def preprocessing_settings(processor: dict | None,
                     "is not supported (3 values, std > 0)")
     return dict(height=size["height"], width=size["width"], rescale=rescale, mean=mean,
                 std=std)
+
+
+# The architectures of the RT-DETR presets (`vision.config.PRESETS`), as config.json fields.
+# transformers' RTDetrConfig defaults: RT-DETR R50-vd (PekingU/rtdetr_r50vd).
+_R50 = {"backbone_config": {"model_type": "rt_detr_resnet",
+                                   "out_features": ["stage2", "stage3", "stage4"]},
+               "encoder_in_channels": [512, 1024, 2048]}
+# PekingU/rtdetr_r18vd: basic blocks, CSP expansion 0.5, 3 decoder layers.
+_R18 = {
+    "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",
+                        "depths": [2, 2, 2, 2], "hidden_sizes": [64, 128, 256, 512],
+                        "embedding_size": 64, "downsample_in_bottleneck": False,
+                        "out_features": ["stage2", "stage3", "stage4"]},
+    "encoder_in_channels": [128, 256, 512], "hidden_expansion": 0.5, "decoder_layers": 3,
+}
+# RT-DETR at DETR tiny's size for CPU runs (`vision.config`'s `tiny`: d 128, 4 heads, FFN 512, 3 decoder
+# layers): basic blocks of 32-256 channels, one per stage.
+_TINY = {
+    "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",
+                        "depths": [1, 1, 1, 1], "hidden_sizes": [32, 64, 128, 256],
+                        "embedding_size": 32, "out_features": ["stage2", "stage3", "stage4"]},
+    "encoder_in_channels": [64, 128, 256], "encoder_hidden_dim": 128, "d_model": 128,
+    "encoder_ffn_dim": 512, "decoder_ffn_dim": 512, "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4, "decoder_layers": 3, "hidden_expansion": 0.5,
+    "decoder_in_channels": [128, 128, 128],
+}
+ARCHITECTURES = {"r50": _R50, "r18": _R18, "tiny": _TINY}

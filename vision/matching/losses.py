@@ -36,7 +36,7 @@ from keras import ops
 
 from tfx_transformer import checks
 from vision.matching.matcher import HungarianMatcher
-from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou, generalized_box_iou
+from vision.matching.terms import box_losses, cross_entropy_loss, varifocal_loss
 
 __all__ = ["CLASSIFICATIONS", "SetCriterion"]
 
@@ -250,58 +250,23 @@ class SetCriterion:
                          pred_valid: Any, num_boxes: Any) -> dict:
         """The three losses given each prediction's target index (-1: no-object);
         ``pred_valid`` (None: all) marks the predictions that take part."""
-        if self.classification == "varifocal":
-            return self._varifocal_losses(layer, labels, boxes, indices, pred_valid, num_boxes)
-        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C + 1)
+        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C [+ 1])
         pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
         indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
         matched = indices >= 0  # (B, Q)
         safe_indices = ops.maximum(indices, 0)
-
-        # Classification over all queries; unmatched queries target no-object.
-        matched_labels = ops.take_along_axis(ops.cast(labels, "int32"), safe_indices, axis=1)
-        target_classes = ops.where(matched, matched_labels, self.num_classes)  # (B, Q)
-        log_probs = ops.log_softmax(logits, axis=-1)
-        nll = -ops.take_along_axis(log_probs, target_classes[..., None], axis=-1)[..., 0]
-        gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
-        target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
-        if self.iou_aware:  # matched: IoU on the class, 1 - IoU on no-object
-            iou = box_iou(box_cxcywh_to_xyxy(pred_boxes)[..., None, :],
-                          box_cxcywh_to_xyxy(target_boxes)[..., None, :])[0][..., 0, 0]
-            iou = ops.stop_gradient(ops.clip(iou, 0.0, 1.0))
-            nll = ops.where(matched, iou * nll - (1.0 - iou) * log_probs[..., -1], nll)
-        weights = ops.where(matched, 1.0, self.eos_coef)  # (B, Q)
-        if pred_valid is not None:  # invalid predictions take no part in the loss
-            weights = ops.where(pred_valid, weights, 0.0)
-        loss_ce = _safe_divide(ops.sum(weights * nll), ops.sum(weights))
-
-        return {"loss_ce": loss_ce, **_box_losses(pred_boxes, target_boxes, matched, num_boxes)}
-
-    def _varifocal_losses(self, layer: dict, labels: Any, boxes: Any, indices: Any,
-                          pred_valid: Any, num_boxes: Any) -> dict:
-        """`_losses_of_match` with the varifocal classification loss (sigmoid scores)."""
-        logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C)
-        pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
-        indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
-        matched = indices >= 0
-        safe_indices = ops.maximum(indices, 0)
         matched_labels = ops.take_along_axis(ops.cast(labels, "int32"), safe_indices, axis=1)
         gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
         target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
-        iou = box_iou(box_cxcywh_to_xyxy(pred_boxes)[..., None, :],
-                      box_cxcywh_to_xyxy(target_boxes)[..., None, :])[0][..., 0, 0]  # (B, Q)
-        one_hot = ops.one_hot(matched_labels, self.num_classes) * ops.cast(
-            matched, "float32")[..., None]  # (B, Q, C), zero where unmatched
-        score = ops.stop_gradient(iou)[..., None] * one_hot  # the target score
-        prob = ops.stop_gradient(ops.sigmoid(logits))
-        weight = self.focal_alpha * prob**self.focal_gamma * (1.0 - one_hot) + score
-        # Binary cross-entropy with logits, in its stable form.
-        bce = ops.relu(logits) - logits * score + ops.log1p(ops.exp(-ops.abs(logits)))
-        loss = weight * bce
-        if pred_valid is not None:  # invalid predictions take no part in the loss
-            loss = ops.where(ops.cast(pred_valid, "bool")[..., None], loss, 0.0)
-        return {"loss_vfl": ops.sum(loss) / num_boxes,
-                **_box_losses(pred_boxes, target_boxes, matched, num_boxes)}
+        if self.classification == "varifocal":
+            classes = {"loss_vfl": varifocal_loss(
+                logits, pred_boxes, target_boxes, matched_labels, matched, pred_valid,
+                self.focal_alpha, self.focal_gamma) / num_boxes}
+        else:
+            classes = {"loss_ce": cross_entropy_loss(
+                logits, pred_boxes, target_boxes, matched_labels, matched, pred_valid,
+                self.eos_coef, self.iou_aware)}
+        return {**classes, **box_losses(pred_boxes, target_boxes, matched, num_boxes)}
 
     def get_config(self) -> dict:
         return {
@@ -325,19 +290,6 @@ class SetCriterion:
         return cls(**config)
 
 
-def _box_losses(pred_boxes: Any, target_boxes: Any, matched: Any, num_boxes: Any) -> dict:
-    """``loss_bbox`` (L1) and ``loss_giou`` (1 - GIoU) summed over the matched pairs /
-    ``num_boxes``."""
-    l1 = ops.sum(ops.abs(pred_boxes - target_boxes), axis=-1)  # (B, Q)
-    giou = generalized_box_iou(
-        box_cxcywh_to_xyxy(pred_boxes)[..., None, :],  # (B, Q, 1, 4)
-        box_cxcywh_to_xyxy(target_boxes)[..., None, :],
-    )[..., 0, 0]  # (B, Q): GIoU of each query with its own target
-    zeros = ops.zeros_like(l1)
-    return {"loss_bbox": ops.sum(ops.where(matched, l1, zeros)) / num_boxes,
-            "loss_giou": ops.sum(ops.where(matched, 1.0 - giou, zeros)) / num_boxes}
-
-
 def _tagged(losses: dict, tag: str) -> dict:
     """``loss_ce`` -> ``loss_ce_TAG``, ``loss_ce_0`` -> ``loss_ce_TAG_0``."""
     renamed = {}
@@ -345,8 +297,3 @@ def _tagged(losses: dict, tag: str) -> dict:
         term, _, layer = name.partition("_")[2].partition("_")
         renamed["_".join(["loss", term, tag] + ([layer] if layer else []))] = value
     return renamed
-
-
-def _safe_divide(numerator: Any, denominator: Any) -> Any:
-    safe = ops.where(denominator > 0, denominator, 1.0)
-    return ops.where(denominator > 0, numerator / safe, 0.0)

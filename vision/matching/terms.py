@@ -1,0 +1,78 @@
+"""The terms of the set loss for predictions already matched to their targets
+(`vision.matching.losses.SetCriterion` sums them over decoder layers).
+
+Each takes ``(B, Q, ...)`` predictions, each prediction's ``matched_labels`` and
+``target_boxes`` (its target's, any value where unmatched) and ``matched`` ``(B, Q)`` bool;
+``pred_valid`` ``(B, Q)`` bool (None: all) marks the predictions that take part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from keras import ops
+
+from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou, generalized_box_iou
+
+__all__ = ["box_losses", "cross_entropy_loss", "varifocal_loss"]
+
+
+def _own_iou(pred_boxes: Any, target_boxes: Any) -> Any:
+    """``(B, Q)`` IoU of each predicted cxcywh box with its own target box."""
+    return box_iou(box_cxcywh_to_xyxy(pred_boxes)[..., None, :],
+                   box_cxcywh_to_xyxy(target_boxes)[..., None, :])[0][..., 0, 0]
+
+
+def cross_entropy_loss(logits: Any, pred_boxes: Any, target_boxes: Any, matched_labels: Any,
+                       matched: Any, pred_valid: Any, eos_coef: float,
+                       iou_aware: bool = False) -> Any:
+    """DETR's ``loss_ce`` over ``C + 1`` logits: unmatched predictions target no-object
+    (the last class); the weighted mean ``Σ wᵢ ℓᵢ / Σ wᵢ`` with weight 1, ``eos_coef`` for
+    no-object. ``iou_aware``: a matched prediction's target is its IoU (no gradient) on its
+    class and the rest on no-object."""
+    num_classes = logits.shape[-1] - 1
+    target_classes = ops.where(matched, matched_labels, num_classes)  # (B, Q)
+    log_probs = ops.log_softmax(logits, axis=-1)
+    nll = -ops.take_along_axis(log_probs, target_classes[..., None], axis=-1)[..., 0]
+    if iou_aware:  # matched: IoU on the class, 1 - IoU on no-object
+        iou = ops.stop_gradient(ops.clip(_own_iou(pred_boxes, target_boxes), 0.0, 1.0))
+        nll = ops.where(matched, iou * nll - (1.0 - iou) * log_probs[..., -1], nll)
+    weights = ops.where(matched, 1.0, eos_coef)  # (B, Q)
+    if pred_valid is not None:  # invalid predictions take no part in the loss
+        weights = ops.where(pred_valid, weights, 0.0)
+    total = ops.sum(weights)
+    safe = ops.where(total > 0, total, 1.0)
+    return ops.where(total > 0, ops.sum(weights * nll) / safe, 0.0)
+
+
+def varifocal_loss(logits: Any, pred_boxes: Any, target_boxes: Any, matched_labels: Any,
+                   matched: Any, pred_valid: Any, alpha: float, gamma: float) -> Any:
+    """RT-DETR's varifocal loss over ``C`` sigmoid logits, summed (divide by num_boxes):
+    binary cross-entropy of every (prediction, class) logit against the target score (the
+    matched box's IoU, no gradient, on its class; 0 elsewhere), weighted by
+    ``alpha * sigmoid(logit)^gamma`` (no gradient) where the target is 0 and by the target
+    score where it is not."""
+    one_hot = ops.one_hot(matched_labels, logits.shape[-1]) * ops.cast(
+        matched, "float32")[..., None]  # (B, Q, C), zero where unmatched
+    score = ops.stop_gradient(_own_iou(pred_boxes, target_boxes))[..., None] * one_hot
+    prob = ops.stop_gradient(ops.sigmoid(logits))
+    weight = alpha * prob**gamma * (1.0 - one_hot) + score
+    # Binary cross-entropy with logits, in its stable form.
+    bce = ops.relu(logits) - logits * score + ops.log1p(ops.exp(-ops.abs(logits)))
+    loss = weight * bce
+    if pred_valid is not None:  # invalid predictions take no part in the loss
+        loss = ops.where(ops.cast(pred_valid, "bool")[..., None], loss, 0.0)
+    return ops.sum(loss)
+
+
+def box_losses(pred_boxes: Any, target_boxes: Any, matched: Any, num_boxes: Any) -> dict:
+    """``loss_bbox`` (L1 of normalized cxcywh) and ``loss_giou`` (1 - GIoU) summed over the
+    matched pairs / ``num_boxes``."""
+    l1 = ops.sum(ops.abs(pred_boxes - target_boxes), axis=-1)  # (B, Q)
+    giou = generalized_box_iou(
+        box_cxcywh_to_xyxy(pred_boxes)[..., None, :],  # (B, Q, 1, 4)
+        box_cxcywh_to_xyxy(target_boxes)[..., None, :],
+    )[..., 0, 0]  # (B, Q): GIoU of each query with its own target
+    zeros = ops.zeros_like(l1)
+    return {"loss_bbox": ops.sum(ops.where(matched, l1, zeros)) / num_boxes,
+            "loss_giou": ops.sum(ops.where(matched, 1.0 - giou, zeros)) / num_boxes}
