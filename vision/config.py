@@ -294,8 +294,10 @@ PRESETS: dict[str, DetrConfig] = {
             "augmentation": "flip",
         },
     ),
-    "rtdetr-r50": DetrConfig(name="rtdetr-r50", rtdetr=RTDETR_ARCHITECTURES["r50"], **_RTDETR_TRAINING),
-    "rtdetr-r18": DetrConfig(name="rtdetr-r18", rtdetr=RTDETR_ARCHITECTURES["r18"], **_RTDETR_TRAINING),
+    "rtdetr-r50": DetrConfig(name="rtdetr-r50", rtdetr=RTDETR_ARCHITECTURES["r50"],
+                             **_RTDETR_TRAINING),
+    "rtdetr-r18": DetrConfig(name="rtdetr-r18", rtdetr=RTDETR_ARCHITECTURES["r18"],
+                             **_RTDETR_TRAINING),
     # RT-DETR at `tiny`'s size and training settings (128 px, 20 queries, batch 16,
     # learning rate 2e-4, the backbone trained from scratch at the full rate, flips).
     "rtdetr-tiny": DetrConfig(name="rtdetr-tiny", rtdetr=RTDETR_ARCHITECTURES["tiny"], **{

@@ -216,8 +216,8 @@ _R18 = {
                         "out_features": ["stage2", "stage3", "stage4"]},
     "encoder_in_channels": [128, 256, 512], "hidden_expansion": 0.5, "decoder_layers": 3,
 }
-# RT-DETR at DETR tiny's size for CPU runs (`vision.config`'s `tiny`: d 128, 4 heads, FFN 512, 3 decoder
-# layers): basic blocks of 32-256 channels, one per stage.
+# RT-DETR at DETR tiny's size for CPU runs (`vision.config`'s `tiny`: d 128, 4 heads, FFN
+# 512, 3 decoder layers): basic blocks of 32-256 channels, one per stage.
 _TINY = {
     "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",
                         "depths": [1, 1, 1, 1], "hidden_sizes": [32, 64, 128, 256],
