@@ -4,6 +4,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import fcntl  # noqa: E402
+import gc  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -13,6 +14,13 @@ import keras  # noqa: E402
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# No automatic full (generation-2) collections in the test processes. A worker holds 1-3 M
+# objects, most of them the traced graphs of earlier tests, and each full collection over them
+# stopped the worker for 1-43 s (on two cores, 24-69 s a worker and run; benchmarks/README.md,
+# "The test suite's time"). The young generations are still collected; what survives them
+# stays until the worker ends (peak 6.8 GB a worker). Scripts the tests start are untouched.
+gc.set_threshold(*gc.get_threshold()[:2], 1_000_000_000)
 # What a user's shell has: TensorFlow's start-up logging not suppressed (the scripts' quiet
 # start is under test), no testing hooks.
 SCRIPT_ENV = {key: value for key, value in os.environ.items()
