@@ -16,7 +16,8 @@ from tfx_transformer.training.callbacks import (
     plan_epochs,
     standard_callbacks,
 )
-from tfx_transformer.training.saving import NonFiniteLossError, inject_fault
+from tfx_transformer.training.faults import FaultHook
+from tfx_transformer.training.saving import NonFiniteLossError
 from tfx_transformer.training.workdir import Workdir, read_metrics, write_metrics
 
 X = np.arange(32, dtype="float32").reshape(8, 4) / 32.0
@@ -234,9 +235,10 @@ def test_a_corrupt_backup_is_named(tmp_path):
 def test_fault_hook_values(monkeypatch, tmp_path):
     monkeypatch.setenv("TFX_TRANSFORMER_FAULT", "sometimes")
     with pytest.raises(ValueError, match="TFX_TRANSFORMER_FAULT must be"):
-        inject_fault("export")
+        FaultHook.from_env()
     monkeypatch.setenv("TFX_TRANSFORMER_FAULT", "evaluate")
-    inject_fault("export")  # another phase: nothing happens
+    assert FaultHook.from_env() == FaultHook("evaluate") and FaultHook().callback() is None
+    FaultHook.from_env().at("export")  # another phase: nothing happens
     assert [type(c).__name__ for c in standard_callbacks(tmp_path, tensorboard=False)][-1] == (
         "MetricsLogger")
 

@@ -22,7 +22,8 @@ import keras
 
 from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.distribute import is_chief
-from tfx_transformer.training.saving import Backup, FaultInjection, RunGuard, fault_hook
+from tfx_transformer.training.faults import FaultHook
+from tfx_transformer.training.saving import Backup, RunGuard
 from tfx_transformer.training.workdir import (
     Workdir,
     read_metrics,
@@ -310,9 +311,10 @@ def standard_callbacks(workdir: Workdir | str | os.PathLike,
     before `fit`), ``clock`` (a new `RunClock` when None), `TensorBoard(DIR/logs)` (None: when
     ``tensorboard`` is installed), `TimeBudget` and `MaxSteps` when asked, `MetricsLogger`
     (reporting those and ``stop_rules``, e.g. a task's ``Patience``), ``progress`` and, when the
-    testing hook asks, `FaultInjection`. ``keep_backup`` keeps ``DIR/backup`` after `fit`;
-    ``averaging`` says which epoch checkpoints to keep. Non-chief workers write nothing (they
-    start from the chief's state: `tfx_transformer.training.cluster`)."""
+    testing hook asks, its callback (`tfx_transformer.training.faults`). ``keep_backup`` keeps
+    ``DIR/backup`` after `fit`; ``averaging`` says which epoch checkpoints to keep. Non-chief
+    workers write nothing (they start from the chief's state:
+    `tfx_transformer.training.cluster`)."""
     workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
     clock = RunClock() if clock is None else clock
 
@@ -332,8 +334,8 @@ def standard_callbacks(workdir: Workdir | str | os.PathLike,
         callbacks.append(keras.callbacks.TensorBoard(str(workdir.logs)))
     stoppers = [TimeBudget(time_budget_minutes, clock)] if time_budget_minutes is not None else []
     stoppers += [MaxSteps(max_steps, clock=clock)] if max_steps is not None else []
-    fault = fault_hook()
-    faults = [FaultInjection(*fault)] if fault and fault[1] is not None else []
+    fault = FaultHook.from_env().callback()
+    faults = [fault] if fault is not None else []
     shown = [progress] if progress is not None else []
     logger = MetricsLogger(workdir, [*stop_rules, *stoppers], clock)
     return callbacks + stoppers + [logger] + shown + faults

@@ -12,11 +12,7 @@ So the backup never records an epoch whose checkpoint is missing or cut short. T
 checkpoints that ``keep`` does not name are deleted. `check_workdir` reads all of it before a
 rerun loads any data.
 
-Testing hook: ``TFX_TRANSFORMER_FAULT`` makes a run fail on purpose (`FaultInjection`,
-`inject_fault`): ``step:N`` (SIGKILL just before optimizer step N, 1-based), ``epoch:N`` (SIGKILL
-before the first step of epoch N), ``nan:N`` (the weights become NaN just before step N, so its
-loss is NaN), ``update:N`` (NaN just after step N, as after an update that overflowed: its loss
-is finite), ``export`` or ``evaluate`` (SIGKILL when that phase starts). Unset in normal use.
+Failing a run on purpose (the tests' SIGKILLs and NaNs) is `tfx_transformer.training.faults`.
 """
 
 from __future__ import annotations
@@ -25,7 +21,6 @@ import json
 import math
 import os
 import shutil
-import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,13 +39,11 @@ from tfx_transformer.training.workdir import (
     write_atomically,
 )
 
-__all__ = ["Backup", "FaultInjection", "NonFiniteLossError", "NonFiniteWeightsError", "RunGuard",
-           "StateSizes", "check_export", "check_finite", "check_training_space", "check_workdir",
-           "copy_weights_only", "fault_hook", "inject_fault", "opens", "require_space",
-           "save_model_file"]
+__all__ = ["Backup", "NonFiniteLossError", "NonFiniteWeightsError", "RunGuard", "StateSizes",
+           "check_export", "check_finite", "check_training_space", "check_workdir",
+           "copy_weights_only", "opens", "require_space", "save_model_file"]
 
 _MIB = 2**20
-FAULT_ENV = "TFX_TRANSFORMER_FAULT"
 
 
 class NonFiniteLossError(ValueError):
@@ -295,53 +288,3 @@ def check_workdir(workdir: Workdir, log: Callable[..., None] = print) -> None:
             path.replace(f"{path}.broken")
             log(f"warning: {path} is {state}: moved to {path.name}.broken; checkpoint "
                 f"averaging leaves epoch {number} out")
-
-
-class FaultInjection(keras.callbacks.Callback):
-    """The testing hook (module docstring): ``kind`` step, epoch, nan or update at ``step``."""
-
-    def __init__(self, kind: str, step: int):
-        super().__init__()
-        self.kind, self.step, self._epoch = kind, step, 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self.kind == "epoch":
-            if batch == 0 and self._epoch + 1 == self.step:
-                os.kill(os.getpid(), signal.SIGKILL)
-        elif self.kind in ("step", "nan") and self._steps() + 1 == self.step:
-            if self.kind == "step":
-                os.kill(os.getpid(), signal.SIGKILL)
-            self._poison()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self.kind == "update" and self._steps() == self.step:
-            self._poison()
-
-    def _steps(self) -> int:
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-
-    def _poison(self) -> None:
-        for variable in self.model.trainable_variables:
-            variable.assign(keras.ops.full(variable.shape, float("nan"), variable.dtype))
-
-
-def fault_hook() -> tuple[str, int | None] | None:
-    value = os.environ.get(FAULT_ENV, "")
-    if not value:
-        return None
-    kind, _, step = value.partition(":")
-    if kind in ("export", "evaluate") and not step:
-        return kind, None
-    if kind in ("step", "epoch", "nan", "update") and step.isdigit() and int(step) > 0:
-        return kind, int(step)
-    raise ValueError(f"{FAULT_ENV} must be step:N, epoch:N, nan:N, update:N, export or evaluate "
-                     f"(a testing hook). Received: {value!r}")
-
-
-def inject_fault(phase: str) -> None:
-    """Testing hook: SIGKILLs this process when ``TFX_TRANSFORMER_FAULT`` names ``phase``."""
-    if fault_hook() == (phase, None):
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -52,6 +52,7 @@ from tfx_transformer.training.distribute import (
     set_mixed_precision,
     tf_config,
 )
+from tfx_transformer.training.faults import FaultHook
 from tfx_transformer.training.run import (  # RunContext, Task, TaskData: re-exported
     LONG_RUN_EPOCHS,
     RunContext,
@@ -66,7 +67,6 @@ from tfx_transformer.training.saving import (
     check_export,
     check_training_space,
     check_workdir,
-    inject_fault,
     save_model_file,
 )
 from tfx_transformer.training.workdir import (
@@ -224,12 +224,12 @@ class Trainer:
             self.log(f"final weights: {final}")
         if state["phase"] == "trained":
             check_export(model, self.workdir.root)
-            inject_fault("export")
+            FaultHook.from_env().at("export")
             task.export(model, self.workdir.export)
             save_model_file(model, self.workdir.model)
             state = self._record(phase="exported", export_steps=state["steps"])
             self.log(f"export: {self.workdir.export} ({state['steps']} steps)")
-        inject_fault("evaluate")
+        FaultHook.from_env().at("evaluate")
         entries = dict(task.evaluate(model))
         if "valid" not in entries:
             raise KeyError("`Task.evaluate` must return the 'valid' scores among its entries")
