@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # "The test suite's time"). The young generations are still collected; what survives them
 # stays until the worker ends (peak 6.8 GB a worker). Scripts the tests start are untouched.
 gc.set_threshold(*gc.get_threshold()[:2], 1_000_000_000)
+
 # What a user's shell has: TensorFlow's start-up logging not suppressed (the scripts' quiet
 # start is under test), no testing hooks.
 SCRIPT_ENV = {key: value for key, value in os.environ.items()
