@@ -206,8 +206,8 @@ def preprocessing_settings(processor: dict | None,
 # The architectures of the RT-DETR presets (`vision.config.PRESETS`), as config.json fields.
 # transformers' RTDetrConfig defaults: RT-DETR R50-vd (PekingU/rtdetr_r50vd).
 _R50 = {"backbone_config": {"model_type": "rt_detr_resnet",
-                                   "out_features": ["stage2", "stage3", "stage4"]},
-               "encoder_in_channels": [512, 1024, 2048]}
+                            "out_features": ["stage2", "stage3", "stage4"]},
+        "encoder_in_channels": [512, 1024, 2048]}
 # PekingU/rtdetr_r18vd: basic blocks, CSP expansion 0.5, 3 decoder layers.
 _R18 = {
     "backbone_config": {"model_type": "rt_detr_resnet", "layer_type": "basic",

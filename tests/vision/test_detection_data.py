@@ -312,15 +312,18 @@ def test_fixed_size_batches_stretch_every_image_and_keep_the_normalized_boxes():
                                                         [0.5, 0.5, 1, 1]], atol=1e-6)
     flipped = make_batches(_records(images, boxes, labels), batch_size=2, training=True,
                            object_limit=ObjectLimit(2), image_size=size, augmentation="flip")
-    for seed in range(4):  # some image flipped, some not
+    seen = set()
+    for _ in range(4):  # each pass is a new epoch, flipped anew
         inputs, targets = next(iter(flipped))
         for i, image in enumerate(images):
             plain = np.asarray(size(image))
             mirrored = np.allclose(inputs["images"][i], plain[:, ::-1], atol=1e-5)
             assert mirrored or np.allclose(inputs["images"][i], plain, atol=1e-5)
+            seen.add(mirrored)
             cx = targets["boxes"][i, 0, 0]
             want = [12 / 40, 0.5][i]
             np.testing.assert_allclose(cx, 1 - want if mirrored else want, atol=1e-6)
+    assert seen == {True, False}  # some image flipped, some not
 
 
 def test_training_batches_are_augmented_reproducibly():

@@ -178,6 +178,7 @@ class Trainer:
         return self.run.seed if not epoch else (self.run.seed * 1_000_003 + epoch) % 2**31
 
     def _fit_task(self, task: Task, callbacks: Iterable[keras.callbacks.Callback]) -> dict:
+        faults = FaultHook.from_env()  # the testing hook; does nothing in normal use
         if self.run.restart and is_chief():
             move_aside(self.workdir, ["checkpoints", "backup", "logs", "metrics.json",
                                       "run.json", *task.state_files], self.log)
@@ -224,12 +225,12 @@ class Trainer:
             self.log(f"final weights: {final}")
         if state["phase"] == "trained":
             check_export(model, self.workdir.root)
-            FaultHook.from_env().at("export")
+            faults.at("export")
             task.export(model, self.workdir.export)
             save_model_file(model, self.workdir.model)
             state = self._record(phase="exported", export_steps=state["steps"])
             self.log(f"export: {self.workdir.export} ({state['steps']} steps)")
-        FaultHook.from_env().at("evaluate")
+        faults.at("evaluate")
         entries = dict(task.evaluate(model))
         if "valid" not in entries:
             raise KeyError("`Task.evaluate` must return the 'valid' scores among its entries")
