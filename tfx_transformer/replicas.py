@@ -9,10 +9,14 @@ the sum is the identity and Adam's step is Keras's own.
 
 from __future__ import annotations
 
+import weakref
+from typing import Any, Callable, NamedTuple
+
 import keras
 
-__all__ = ["GlobalClipAdam", "OptimizerBuiltFirst", "apply_adam", "clip_by_global_norm_of_sum",
-           "fused_adam_applies", "num_replicas", "replica_sum"]
+__all__ = ["AdamScalars", "GlobalClipAdam", "OptimizerBuiltFirst", "adam_scalars", "apply_adam",
+           "clip_by_global_norm_of_sum", "fused_adam_applies", "num_replicas", "once_per_step",
+           "replica_sum"]
 
 
 def _replica_context():
@@ -115,7 +119,7 @@ class GlobalClipAdam(keras.optimizers.Adam):
             return super().update_step(gradient, variable, learning_rate)
         index = self._get_variable_index(variable)
         apply_adam(variable, self._momentums[index], self._velocities[index], gradient,
-                   learning_rate, self.beta_1, self.beta_2, self.epsilon, self.iterations + 1)
+                   adam_scalars(self, variable.dtype, learning_rate))
 
 
 def fused_adam_applies(optimizer, gradient, variable) -> bool:
@@ -128,27 +132,94 @@ def fused_adam_applies(optimizer, gradient, variable) -> bool:
     return not isinstance(gradient, tf.IndexedSlices)
 
 
-def apply_adam(variable, m, v, gradient, learning_rate, beta_1, beta_2, epsilon, step) -> None:
+# (graph, {key: value}) of an optimizer's step being traced: see `once_per_step`.
+_STEP_VALUES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def once_per_step(optimizer, key, make: Callable[[], Any]) -> Any:
+    """``make()``, made once per traced step of ``optimizer`` and ``key``.
+
+    An optimizer's step updates each variable in turn; what every update computes alike (the
+    learning rate in the variables' dtype, the powers of the betas) would otherwise be in
+    the traced step once per variable: on RT-DETR's 287 variables the Adam step was 8,600
+    of the training step's 22,000 graph nodes, each one traced, optimized and run. The value
+    is kept for the graph being traced (a branch of a conditional is a graph of its own);
+    executing eagerly, it is made every time.
+    """
+    import tensorflow as tf
+
+    if tf.executing_eagerly():
+        return make()
+    graph = tf.compat.v1.get_default_graph()
+    values = _STEP_VALUES.get(optimizer)
+    if values is None or values[0] is not graph:
+        values = _STEP_VALUES[optimizer] = (graph, {})
+    if key not in values[1]:
+        values[1][key] = make()
+    return values[1][key]
+
+
+class AdamScalars(NamedTuple):
+    """The scalars of one Adam step in a variable's dtype (`adam_scalars`)."""
+
+    learning_rate: Any
+    beta_1: Any
+    beta_2: Any
+    beta_1_power: Any  # β₁ᵗ
+    beta_2_power: Any  # β₂ᵗ
+    epsilon: Any
+
+
+def adam_scalars(optimizer, dtype, learning_rate, multiplier: float = 1.0,
+                 corrected_epsilon: bool = False) -> AdamScalars:
+    """``optimizer``'s step scalars in ``dtype``, made once per traced step (`once_per_step`).
+
+    Args:
+        optimizer: a Keras Adam (its ``beta_1``, ``beta_2``, ``epsilon``, ``iterations``).
+        dtype: the variables' dtype.
+        learning_rate: the step's learning rate (what Keras passes to ``update_step``).
+        multiplier: a factor on the learning rate (a variable group's own rate).
+        corrected_epsilon: ``ε·√(1 - β₂ᵗ)`` for ε: PyTorch's step (ε added to the corrected
+            ``√v̂``) as TensorFlow's fused one.
+    """
+    def make():
+        import tensorflow as tf
+
+        rate = tf.cast(learning_rate, dtype)
+        if multiplier != 1.0:
+            rate = rate * multiplier
+        beta_1, beta_2 = tf.cast(optimizer.beta_1, dtype), tf.cast(optimizer.beta_2, dtype)
+        step = tf.cast(optimizer.iterations + 1, dtype)
+        beta_2_power = tf.pow(beta_2, step)
+        epsilon = tf.cast(optimizer.epsilon, dtype)
+        if corrected_epsilon:
+            epsilon = epsilon * tf.sqrt(1 - beta_2_power)
+        return AdamScalars(rate, beta_1, beta_2, tf.pow(beta_1, step), beta_2_power, epsilon)
+
+    return once_per_step(optimizer, ("adam", dtype, id(learning_rate), multiplier,
+                                     corrected_epsilon), make)
+
+
+def apply_adam(variable, m, v, gradient, scalars: AdamScalars) -> None:
     """One Adam step of ``variable`` with TensorFlow's fused ``ResourceApplyAdam`` kernel.
 
     ``m += (g - m)(1 - β₁)``, ``v += (g² - v)(1 - β₂)``, ``w -= lr · √(1 - β₂ᵗ) / (1 - β₁ᵗ) ·
     m / (√v + ε)``: Keras's Adam step, in one multi-threaded pass over the four tensors where
     Keras's own step makes a dozen element-wise passes (a measurable share of a step on a
-    CPU: benchmarks/README.md). ``epsilon`` and ``learning_rate`` may be tensors.
+    CPU: benchmarks/README.md).
 
     Args:
         variable, m, v: the weight and its two moments (Keras or ``tf.Variable``).
         gradient: the dense gradient.
-        learning_rate, beta_1, beta_2, epsilon: the step's hyper-parameters.
-        step: the 1-based step number ``t``.
+        scalars: the step's scalars in the variable's dtype (`adam_scalars`).
     """
     import tensorflow as tf
 
     handle = lambda x: (x.value if isinstance(x, keras.Variable) else x).handle  # noqa: E731
-    dtype = variable.dtype
-    b1, b2, step = (tf.cast(x, dtype) for x in (beta_1, beta_2, step))
+    if gradient.dtype != variable.dtype:
+        gradient = tf.cast(gradient, variable.dtype)
     tf.raw_ops.ResourceApplyAdam(
-        var=handle(variable), m=handle(m), v=handle(v), beta1_power=tf.pow(b1, step),
-        beta2_power=tf.pow(b2, step), lr=tf.cast(learning_rate, dtype), beta1=b1, beta2=b2,
-        epsilon=tf.cast(epsilon, dtype), grad=tf.cast(gradient, dtype),
+        var=handle(variable), m=handle(m), v=handle(v), beta1_power=scalars.beta_1_power,
+        beta2_power=scalars.beta_2_power, lr=scalars.learning_rate, beta1=scalars.beta_1,
+        beta2=scalars.beta_2, epsilon=scalars.epsilon, grad=gradient,
     )

@@ -272,6 +272,35 @@ def test_global_clip_adam_steps_as_keras_adam_dense_and_sparse():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+def _traced_apply(optimizer, variables):
+    return tf.function(lambda grads: optimizer.apply(grads, variables))
+
+
+def test_a_traced_adam_step_makes_its_scalars_once_and_steps_as_keras_adam():
+    """Traced, the fused step's learning rate, beta powers and epsilon are in the graph once
+    for all variables (one ``Pow`` per beta, one ``ResourceApplyAdam`` per variable), and
+    three steps give Keras's Adam."""
+    rng = np.random.default_rng(0)
+    start = [rng.standard_normal(shape).astype("float32") for shape in ((4, 3), (5,), (2, 2))]
+    grads = [[tf.constant(rng.standard_normal(w.shape), tf.float32) for w in start]
+             for _ in range(3)]
+    results, graphs = [], []
+    for optimizer in (keras.optimizers.Adam(1e-2, beta_2=0.98, epsilon=1e-6, global_clipnorm=1.0),
+                      GlobalClipAdam(1e-2, beta_2=0.98, epsilon=1e-6, global_clipnorm=1.0)):
+        variables = [keras.Variable(w) for w in start]
+        optimizer.build(variables)
+        step = _traced_apply(optimizer, variables)
+        for g in grads:
+            step(g)
+        graphs.append(step.get_concrete_function(grads[0]).graph)
+        results.append([v.numpy() for v in variables])
+    ops = [op.type for op in graphs[1].get_operations()]
+    assert ops.count("ResourceApplyAdam") == 3 and ops.count("Pow") == 2, sorted(set(ops))
+    assert [op.type for op in graphs[0].get_operations()].count("Pow") >= 3 * 2  # Keras's own
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_make_batches_pads_rows_to_a_multiple_of_the_replicas():
     rng = np.random.default_rng(0)
     pairs = [(" ".join(str(t) for t in rng.integers(4, 50, size=rng.integers(1, 12))),

@@ -25,7 +25,13 @@ from typing import Any
 import keras
 from keras import ops
 
-from tfx_transformer.replicas import GlobalClipAdam, apply_adam, fused_adam_applies
+from tfx_transformer.replicas import (
+    GlobalClipAdam,
+    adam_scalars,
+    apply_adam,
+    fused_adam_applies,
+    once_per_step,
+)
 
 __all__ = ["DetrAdamW", "build_optimizer"]
 
@@ -103,16 +109,23 @@ class DetrAdamW(GlobalClipAdam):
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)
         dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype) * self._lr_multipliers[index]
+        multiplier = self._lr_multipliers[index]
+        m, v = self._momentums[index], self._velocities[index]
+        if fused_adam_applies(self, gradient, variable):
+            # PyTorch's step is TensorFlow's fused one with ε·√(1 - β₂ᵗ) for ε (module doc);
+            # the scalars are made once per step for all variables of one rate.
+            scalars = adam_scalars(self, dtype, learning_rate, multiplier,
+                                   corrected_epsilon=True)
+            if self.decoupled_weight_decay:
+                decay = once_per_step(self, ("decay", dtype, id(learning_rate), multiplier),
+                                      lambda: scalars.learning_rate * self.decoupled_weight_decay)
+                self.assign_sub(variable, variable * decay)
+            apply_adam(variable, m, v, gradient, scalars)
+            return
+        lr = ops.cast(learning_rate, dtype) * multiplier
         if self.decoupled_weight_decay:
             self.assign_sub(variable, variable * (lr * self.decoupled_weight_decay))
         step = ops.cast(self.iterations + 1, dtype)
-        m, v = self._momentums[index], self._velocities[index]
-        if fused_adam_applies(self, gradient, variable):
-            # PyTorch's step is TensorFlow's fused one with ε·√(1 - β₂ᵗ) for ε (module doc).
-            epsilon = self.epsilon * ops.sqrt(1 - ops.power(ops.cast(self.beta_2, dtype), step))
-            apply_adam(variable, m, v, gradient, lr, self.beta_1, self.beta_2, epsilon, step)
-            return
         gradient = ops.cast(gradient, dtype)
         self.assign_add(m, (gradient - m) * (1 - self.beta_1))
         self.assign_add(v, (ops.square(gradient) - v) * (1 - self.beta_2))
