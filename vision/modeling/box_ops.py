@@ -91,8 +91,8 @@ def box_area(boxes: Any) -> Any:
     Returns:
         Tensor of shape `(...)`.
     """
-    boxes = _as_boxes(boxes, "boxes")
-    return (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    x0, y0, x1, y1 = ops.unstack(_as_boxes(boxes, "boxes"), num=4, axis=-1)
+    return (x1 - x0) * (y1 - y0)
 
 
 def box_iou(boxes1: Any, boxes2: Any) -> tuple[Any, Any]:
@@ -113,19 +113,25 @@ def box_iou(boxes1: Any, boxes2: Any) -> tuple[Any, Any]:
     """
     boxes1 = _as_boxes(boxes1, "boxes1", min_rank=2)
     boxes2 = _as_boxes(boxes2, "boxes2", min_rank=2)
-    return _iou_and_union(boxes1, boxes2)
+    return _iou_and_union(*_corners(boxes1, boxes2))
 
 
-def _iou_and_union(boxes1: Any, boxes2: Any) -> tuple[Any, Any]:
-    b1 = ops.expand_dims(boxes1, -2)  # (..., N, 1, 4)
-    b2 = ops.expand_dims(boxes2, -3)  # (..., 1, M, 4)
-    top_left = ops.maximum(b1[..., :2], b2[..., :2])  # (..., N, M, 2)
-    bottom_right = ops.minimum(b1[..., 2:], b2[..., 2:])  # (..., N, M, 2)
-    wh = ops.maximum(bottom_right - top_left, 0.0)
-    inter = wh[..., 0] * wh[..., 1]  # (..., N, M)
-    area1 = (boxes1[..., 2] - boxes1[..., 0]) * (boxes1[..., 3] - boxes1[..., 1])  # (..., N)
-    area2 = (boxes2[..., 2] - boxes2[..., 0]) * (boxes2[..., 3] - boxes2[..., 1])  # (..., M)
-    union = ops.expand_dims(area1, -1) + ops.expand_dims(area2, -2) - inter  # (..., N, M)
+def _corners(boxes1: Any, boxes2: Any) -> tuple[list, list]:
+    """The coordinates ``x0, y0, x1, y1`` of ``boxes1`` as ``(..., N, 1)`` and of ``boxes2``
+    as ``(..., 1, M)``: one split each, where slicing them out took a graph node (and its
+    gradient's) per coordinate, a share of every traced detection loss."""
+    return (ops.unstack(ops.expand_dims(boxes1, -2), num=4, axis=-1),
+            ops.unstack(ops.expand_dims(boxes2, -3), num=4, axis=-1))
+
+
+def _iou_and_union(corners1: list, corners2: list) -> tuple[Any, Any]:
+    (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = corners1, corners2
+    width = ops.maximum(ops.minimum(ax1, bx1) - ops.maximum(ax0, bx0), 0.0)  # (..., N, M)
+    height = ops.maximum(ops.minimum(ay1, by1) - ops.maximum(ay0, by0), 0.0)
+    inter = width * height
+    area1 = (ax1 - ax0) * (ay1 - ay0)  # (..., N, 1)
+    area2 = (bx1 - bx0) * (by1 - by0)  # (..., 1, M)
+    union = area1 + area2 - inter  # (..., N, M)
     return _safe_divide(inter, union), union
 
 
@@ -153,11 +159,10 @@ def generalized_box_iou(boxes1: Any, boxes2: Any) -> Any:
     """
     boxes1 = _as_boxes(boxes1, "boxes1", min_rank=2)
     boxes2 = _as_boxes(boxes2, "boxes2", min_rank=2)
-    iou, union = _iou_and_union(boxes1, boxes2)
-    b1 = ops.expand_dims(boxes1, -2)  # (..., N, 1, 4)
-    b2 = ops.expand_dims(boxes2, -3)  # (..., 1, M, 4)
-    top_left = ops.minimum(b1[..., :2], b2[..., :2])  # (..., N, M, 2)
-    bottom_right = ops.maximum(b1[..., 2:], b2[..., 2:])  # (..., N, M, 2)
-    wh = ops.maximum(bottom_right - top_left, 0.0)
-    enclosing = wh[..., 0] * wh[..., 1]  # (..., N, M)
+    corners1, corners2 = _corners(boxes1, boxes2)
+    iou, union = _iou_and_union(corners1, corners2)
+    (ax0, ay0, ax1, ay1), (bx0, by0, bx1, by1) = corners1, corners2
+    width = ops.maximum(ops.maximum(ax1, bx1) - ops.minimum(ax0, bx0), 0.0)  # (..., N, M)
+    height = ops.maximum(ops.maximum(ay1, by1) - ops.minimum(ay0, by0), 0.0)
+    enclosing = width * height
     return iou - _safe_divide(enclosing - union, enclosing)
