@@ -42,23 +42,24 @@ def _heads(x):
 def _project(dense: keras.layers.EinsumDense, x, split: tuple | None = None):
     """``dense(x)`` for a projection into heads (``split = (H, D)``) or out of them (``None``).
 
-    Computed as one 2-D matrix product of ``x`` with the kernel flattened to
-    ``(d_in, d_out)``. ``EinsumDense`` runs ``btd,dhk->bthk`` on TensorFlow as a batch matmul
-    that broadcasts the kernel over the batch, whose kernel gradient is then ``B`` separate
-    products summed; the flat product is one. Same weights, same result; a quantized or LoRA
-    projection keeps the layer's own ``call``.
+    Computed as one 2-D matrix product of ``x`` flattened to ``(N, d_in)`` with the kernel
+    flattened to ``(d_in, d_out)``. ``EinsumDense`` runs ``btd,dhk->bthk`` on TensorFlow as a
+    batch matmul that broadcasts the kernel over the batch, whose kernel gradient is then
+    ``B`` separate products summed, and a product of the 3-D ``x`` with a matrix would be a
+    ``tf.tensordot`` (`tfx_transformer.layers.projection.matmul_last_axis`); the flat product
+    is one node. Same weights, same result; a quantized or LoRA projection keeps the layer's
+    own ``call``.
     """
     if dense.lora_enabled or dense.quantization_mode is not None:
         return dense(x)
     if split is None:  # (B, T, H, D) -> (B, T, H·D)
         x = ops.reshape(x, (*ops.shape(x)[:-2], x.shape[-2] * x.shape[-1]))
-    kernel = dense.kernel
-    y = ops.matmul(x, ops.reshape(kernel, (x.shape[-1], -1)))
+    lead = ops.shape(x)[:-1]
+    kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))
+    y = ops.matmul(ops.reshape(x, (-1, x.shape[-1])), kernel)
     if dense.bias is not None:
         y = y + ops.reshape(dense.bias, (-1,))
-    if split is not None:
-        y = ops.reshape(y, (*ops.shape(x)[:-1], *split))
-    return y
+    return ops.reshape(y, (*lead, *(split or (y.shape[-1],))))
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")

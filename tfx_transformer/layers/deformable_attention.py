@@ -10,6 +10,7 @@ from keras import ops
 
 from tfx_transformer import checks
 from tfx_transformer.layers.output import AttentionOutput, call_arguments
+from tfx_transformer.layers.projection import dense_call
 
 __all__ = ["MultiScaleDeformableAttention"]
 
@@ -254,14 +255,14 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
         heads, points = self.num_heads, sum(self._points)
         batch, queries, length = ops.shape(query)[0], ops.shape(query)[1], ops.shape(value)[1]
         if self.use_projections:
-            value = self.value_proj(value)
+            value = dense_call(self.value_proj, value)
         if value_mask is not None:
             value = ops.where(ops.cast(value_mask, "bool")[..., None], value,
                               ops.zeros_like(value))
         head_dim = value.shape[-1] // heads
-        offsets = ops.cast(self.sampling_offsets(query), "float32")
+        offsets = ops.cast(dense_call(self.sampling_offsets, query), "float32")
         offsets = ops.reshape(offsets, (batch, queries, heads, points, 2))
-        logits = ops.cast(self.attention_weights(query), "float32")
+        logits = ops.cast(dense_call(self.attention_weights, query), "float32")
         attention = ops.softmax(ops.reshape(logits, (batch, queries, heads, points)), axis=-1)
 
         locations = self._locations(offsets, reference_points, sizes)
@@ -276,7 +277,7 @@ class MultiScaleDeformableAttention(keras.layers.Layer):
         weights = ops.reshape(ops.cast(weights, sampled.dtype), (-1, 1, points * k))
         output = ops.reshape(ops.matmul(weights, sampled), (batch, queries, heads * head_dim))
         if self.use_projections:
-            output = self.output_proj(output)
+            output = dense_call(self.output_proj, output)
         scores = None
         if return_attention_scores:
             scores = ops.cast(ops.transpose(attention, (0, 2, 1, 3)), self.compute_dtype)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from tfx_transformer import checks
+from tfx_transformer.layers.projection import dense_call
 
 __all__ = ["FeedForward"]
 
@@ -65,7 +66,8 @@ class FeedForward(keras.layers.Layer):
         self.outer.build((*input_shape[:-1], self.hidden_dim))
 
     def call(self, x, training=None):
-        return self.outer(self.inner_dropout(self.inner(x), training=training))
+        hidden = self.inner_dropout(dense_call(self.inner, x), training=training)
+        return dense_call(self.outer, hidden)
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keras
 
 from tfx_transformer import checks
+from tfx_transformer.layers.projection import dense_call
 from vision.modeling.init import torch_linear_init
 
 __all__ = ["MLP"]
@@ -59,7 +60,7 @@ class MLP(keras.layers.Layer):
 
     def call(self, x):
         for layer in self.layers:
-            x = layer(x)
+            x = dense_call(layer, x)
         return x
 
     def compute_output_shape(self, input_shape):
