@@ -18,6 +18,10 @@ def test_dense_call_is_the_layers_call_in_one_product():
     dense.build((None, None, 4))
     x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype("float32")
     np.testing.assert_allclose(dense_call(dense, x), dense(x), rtol=1e-6, atol=1e-7)
+    # Traced where not even the last axis is known (the detector's sine embedding).
+    unknown = tf.function(lambda t: dense_call(dense, t),
+                          input_signature=[tf.TensorSpec([None, None, None], tf.float32)])
+    np.testing.assert_allclose(unknown(x), dense(x), rtol=1e-6, atol=1e-7)
     ours, keras_own = _op_types(lambda t: dense_call(dense, t)), _op_types(dense)
     shape_arithmetic = {"GatherV2", "Prod", "ConcatV2", "Transpose"}  # tf.tensordot's
     assert ours.count("MatMul") == 1 and not shape_arithmetic & set(ours), ours

@@ -17,7 +17,7 @@ def matmul_last_axis(x, kernel):
     is two reshapes and one matrix product, with the same result.
     """
     lead = ops.shape(x)[:-1]
-    y = ops.matmul(ops.reshape(x, (-1, x.shape[-1])), kernel)
+    y = ops.matmul(ops.reshape(x, (-1, kernel.shape[0])), kernel)
     return ops.reshape(y, (*lead, kernel.shape[-1]))
 
 
