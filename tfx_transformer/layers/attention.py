@@ -11,6 +11,7 @@ from tfx_transformer import checks
 from tfx_transformer.layers.dot_product import multi_head_attention, scaled_dot_product_attention
 from tfx_transformer.layers.masks import causal_mask, check_mask_rank, merge_masks
 from tfx_transformer.layers.output import AttentionOutput, call_arguments
+from tfx_transformer.layers.projection import matmul_last_axis
 
 __all__ = ["MultiHeadAttention"]
 
@@ -45,21 +46,19 @@ def _project(dense: keras.layers.EinsumDense, x, split: tuple | None = None):
     Computed as one 2-D matrix product of ``x`` flattened to ``(N, d_in)`` with the kernel
     flattened to ``(d_in, d_out)``. ``EinsumDense`` runs ``btd,dhk->bthk`` on TensorFlow as a
     batch matmul that broadcasts the kernel over the batch, whose kernel gradient is then
-    ``B`` separate products summed, and a product of the 3-D ``x`` with a matrix would be a
-    ``tf.tensordot`` (`tfx_transformer.layers.projection.matmul_last_axis`); the flat product
-    is one node. Same weights, same result; a quantized or LoRA projection keeps the layer's
-    own ``call``.
+    ``B`` separate products summed, and a product of the 3-D ``x`` with a matrix would be
+    TensorFlow's tensordot (`tfx_transformer.layers.projection.matmul_last_axis`); the flat
+    product is one node. Same weights, same result; a quantized or LoRA projection keeps the
+    layer's own ``call``.
     """
     if dense.lora_enabled or dense.quantization_mode is not None:
         return dense(x)
     if split is None:  # (B, T, H, D) -> (B, T, H·D)
         x = ops.reshape(x, (*ops.shape(x)[:-2], x.shape[-2] * x.shape[-1]))
-    lead = ops.shape(x)[:-1]
-    kernel = ops.reshape(dense.kernel, (x.shape[-1], -1))
-    y = ops.matmul(ops.reshape(x, (-1, x.shape[-1])), kernel)
-    if dense.bias is not None:
-        y = y + ops.reshape(dense.bias, (-1,))
-    return ops.reshape(y, (*lead, *(split or (y.shape[-1],))))
+    shape = dense.kernel.shape  # (d, H, D) into heads, (H, D, d_out) out of them
+    kernel = ops.reshape(dense.kernel, (shape[0], -1) if split else (-1, shape[-1]))
+    bias = None if dense.bias is None else ops.reshape(dense.bias, (-1,))
+    return matmul_last_axis(x, kernel, bias, split)
 
 
 @keras.saving.register_keras_serializable(package="tfx_transformer")
