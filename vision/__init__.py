@@ -18,7 +18,7 @@ register_lazily({f"vision>{name}": f"vision.{module}" for module, names in {
     "modeling.backbone": ("TinyBackbone", "ValidBatchNorm"),
     "modeling.resnet": ("ResNetBackbone",),
     "modeling.heads": ("MLP",),
-    "modeling.denoising": ("ContrastiveDenoising",),
+    "modeling.denoising": ("ContrastiveDenoising", "RTDetrDenoising"),
     "modeling.queries": ("LearnedQueries", "MixedQueries", "ReferenceQueries",
                          "TwoStageQueries"),
     "matching.matcher": ("HungarianMatcher",),

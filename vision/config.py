@@ -164,6 +164,15 @@ class DetrConfig:
         backbone)."""
         return {field: getattr(self, field) for field in _MODEL_FIELDS}
 
+    @property
+    def uses_denoising(self) -> bool:
+        """Whether training adds denoising queries (made from the targets, which the inputs
+        then carry): DETR's ``denoising_groups``, RT-DETR's ``num_denoising`` (its rtdetr
+        field; transformers' default 100)."""
+        if self.architecture == "rtdetr":
+            return bool(self.rtdetr.get("num_denoising", 100))
+        return bool(self.denoising_groups)
+
     def backbone_kwargs(self) -> dict:
         """The arguments of `vision.modeling.backbone.build_backbone`."""
         kwargs = {"name": self.backbone, "weights": self.backbone_weights}
@@ -202,7 +211,7 @@ def _check_values(config: DetrConfig) -> None:
                                        "'rtdetr', None otherwise")
     if config.architecture == "rtdetr" and config.denoising_groups:
         _fail("denoising_groups", config.denoising_groups, "0 with architecture 'rtdetr' "
-              "(its denoising queries are not implemented)")
+              "(RT-DETR's denoising queries are its rtdetr field 'num_denoising')")
     if config.backbone not in BACKBONES:
         _fail("backbone", config.backbone, f"one of {BACKBONES}")
     if config.tiny_norm not in TINY_NORMS:

@@ -175,7 +175,9 @@ def init_from(model, source: str | os.PathLike | SourceWeights,
     weights = source if isinstance(source, SourceWeights) else read_weights(source)
     where, arrays = weights.where, weights.arrays
     own = {_relative(v.path): v for v in model.weights}
-    missing = [key for key in own if key not in arrays]
+    # The denoising queries' label tables: a row per class (RT-DETR's a padding row more).
+    tables = [key for key in own if key.split("/")[-1] == "label_embed"]
+    missing = [key for key in own if key not in arrays and key not in tables]
     if missing:
         raise ValueError(
             f"--init-from {where}: it has no {missing[0]!r}"
@@ -184,7 +186,7 @@ def init_from(model, source: str | os.PathLike | SourceWeights,
             + "; it was trained with another preset, backbone or number of layers")
     values, heads = {}, [key for key in own if _is_class_head(key)]
     for key, variable in own.items():
-        if key in heads:
+        if key in heads or key in tables:
             continue
         array, shape = arrays[key], tuple(variable.shape)
         if key.split("/")[-1] in _PER_QUERY and array.shape[1:] == shape[1:]:
@@ -204,6 +206,16 @@ def init_from(model, source: str | os.PathLike | SourceWeights,
         raise ValueError(f"--init-from {where}: {bad!r} is {tuple(arrays[bad].shape)} there and "
                          f"{tuple(own[bad].shape)} here; another hidden size cannot be loaded")
     reinitialized = []
+    for key in tables:
+        table, rows = arrays.get(key), own[key].shape[0]
+        if table is not None and table.shape[1:] == tuple(own[key].shape)[1:]:
+            if order is not None and len(table) == rows:
+                values[key] = table[order[:rows]]  # RT-DETR's padding row is order's last
+                continue
+            if weights.class_names is None and len(table) == rows:
+                values[key] = table
+                continue
+        reinitialized.append(key)
     if heads:
         same_count = all(outputs[key] == own[key].shape[-1] for key in heads)
         if order is not None:
@@ -218,7 +230,7 @@ def init_from(model, source: str | os.PathLike | SourceWeights,
             log(f"class head: {where} names no classes; its {outputs[heads[0]]} outputs are "
                 "loaded as they are")
         else:
-            reinitialized = heads
+            reinitialized += heads
             log(f"class head: {outputs[heads[0]]} → {own[heads[0]].shape[-1]} outputs, "
                 "re-initialized")
     for key, array in values.items():

@@ -4,7 +4,7 @@
 A field that transformers' RT-DETR modeling code reads (`MODEL_FIELDS`, `BACKBONE_FIELDS`;
 tests/vision/test_rtdetr_convert.py checks the sets against the installed source) is read
 here, or has the one value implemented (`_FIXED`), or only matters in training (`_TRAINING`:
-losses, matcher, denoising, initialization; accepted); every other field is bookkeeping
+losses, matcher, initialization; accepted); every other field is bookkeeping
 (names, label maps, dtype...), accepted. A field that would change the computation and is not
 implemented is refused by name, with the file it is in.
 """
@@ -43,12 +43,12 @@ BACKBONE_FIELDS = {"depths", "downsample_in_bottleneck", "downsample_in_first_st
 _FIXED = {"eval_size": None, "normalize_before": False, "learn_initial_query": False,
           "use_timm_backbone": False, "backbone": None, "backbone_kwargs": None,
           "two_stage": None, "add_cross_attention": False}
-# Training only (the losses, the matcher, denoising, initialization), or no effect on the
+# Training only (the losses, the matcher, initialization), or no effect on the
 # outputs (custom kernels, what is returned; BatchNorm frozen or not: the same in inference;
 # anchor_image_size: transformers' anchors for that input size, which equal the ones of the
 # actual maps wherever its model runs).
-_TRAINING = {"auxiliary_loss", "box_noise_scale", "label_noise_ratio", "num_denoising",
-             "initializer_bias_prior_prob", "initializer_range", "disable_custom_kernels",
+_TRAINING = {"auxiliary_loss", "initializer_bias_prior_prob", "initializer_range",
+             "disable_custom_kernels",
              "output_attentions", "freeze_backbone_batch_norms", "use_pretrained_backbone",
              "two_stage_num_proposals", "with_box_refine", "anchor_image_size",
              "feat_strides", "output_hidden_states", "return_dict"}
@@ -154,7 +154,10 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
         layer_norm_epsilon=get("layer_norm_eps", 1e-5))
     model = dict(d_model=d_model, num_queries=get("num_queries", 300),
                  num_feature_levels=levels, layer_norm_epsilon=get("layer_norm_eps", 1e-5),
-                 batch_norm_epsilon=get("batch_norm_eps", 1e-5))
+                 batch_norm_epsilon=get("batch_norm_eps", 1e-5),
+                 num_denoising=get("num_denoising", 100),
+                 label_noise_ratio=float(get("label_noise_ratio", 0.5)),
+                 box_noise_scale=float(get("box_noise_scale", 1.0)))
     return dict(backbone=backbone_kwargs, encoder=encoder, decoder=decoder, model=model)
 
 
@@ -226,5 +229,8 @@ _TINY = {
     "encoder_ffn_dim": 512, "decoder_ffn_dim": 512, "encoder_attention_heads": 4,
     "decoder_attention_heads": 4, "decoder_layers": 3, "hidden_expansion": 0.5,
     "decoder_in_channels": [128, 128, 128],
+    # No denoising queries: at 8 minutes on two CPU cores they cost more steps than they
+    # give (benchmarks/README.md, "RT-DETR's denoising queries").
+    "num_denoising": 0,
 }
 ARCHITECTURES = {"r50": _R50, "r18": _R18, "tiny": _TINY}

@@ -186,7 +186,13 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWe
                   **transformers_arrays(state, settings["decoder"], used)}
     except KeyError as error:
         raise ValueError(f"{where}: model.safetensors has no {error.args[0]!r}") from None
-    used.add("model.denoising_class_embed.weight")  # training only: denoising queries
+    if settings["model"]["num_denoising"]:  # the denoising queries' labels (training only)
+        arrays["denoising/label_embed"] = state.get("model.denoising_class_embed.weight")
+        if arrays["denoising/label_embed"] is None:
+            raise ValueError(f"{where}: model.safetensors has no "
+                             "'model.denoising_class_embed.weight' (config.json's "
+                             "num_denoising is not 0)")
+    used.add("model.denoising_class_embed.weight")
     unused = sorted(set(state) - used)
     if unused:
         raise ValueError(f"{where}: {len(unused)} weights of model.safetensors are not part "

@@ -28,7 +28,8 @@
   (``eval_*``) and in training mode without denoising queries (``train_*``), and the gradient
   of that training loss for every weight, saved as a folder of its own (FOLDER/rtdetr_grads/:
   the model's config.json and a model.safetensors of gradients under the weights' names, zero
-  for statistics and frozen weights), so that the conversion maps them as it maps the weights.
+  for statistics and frozen weights), so that the conversion maps them as it maps the weights;
+  and a training run with denoising queries (`denoising_outputs`: ``dn_*``).
 
 Every BatchNorm's scale, shift and running statistics and every LayerNorm's weights are
 randomized, and every convolution and linear layer is drawn again at the scale of its fan-in
@@ -204,6 +205,43 @@ def loss_outputs(model, folder: str, pixels: torch.Tensor, out: dict) -> None:
     os.makedirs(f"{folder}/rtdetr_grads", exist_ok=True)
     shutil.copy(f"{folder}/rtdetr/config.json", f"{folder}/rtdetr_grads/config.json")
     save_file(grads, f"{folder}/rtdetr_grads/model.safetensors")
+    denoising_outputs(model, pixels, labels, out)
+
+
+def denoising_outputs(model, pixels: torch.Tensor, labels: list, out: dict) -> None:
+    """Training mode with 6 denoising queries (2 groups for the batch's 3 objects): the
+    noise drawn (``dn_labels``, the labels reaching ``denoising_class_embed``;
+    ``dn_reference``, the noised boxes in logit space), the loss and its ``loss_dict``
+    (``dn_*``) and the gradient of ``denoising_class_embed`` (``dn_embed_grad``)."""
+    from transformers.models.rt_detr import modeling_rt_detr
+
+    recorded = {}
+    make = modeling_rt_detr.get_contrastive_denoising_training_group
+
+    def record(*args, **kwargs):
+        made = make(*args, **kwargs)
+        recorded["reference"] = made[1].detach().numpy()
+        return made
+
+    embed = model.model.denoising_class_embed
+    hook = embed.register_forward_hook(
+        lambda module, inputs, output: recorded.update(labels=inputs[0].numpy()))
+    modeling_rt_detr.get_contrastive_denoising_training_group = record
+    try:
+        model.config.num_denoising = 6
+        model.zero_grad()
+        torch.manual_seed(5)
+        result = model(pixel_values=pixels, labels=labels)
+        result.loss.backward()
+    finally:
+        modeling_rt_detr.get_contrastive_denoising_training_group = make
+        hook.remove()
+    out["dn_labels"] = recorded["labels"].astype("int32")
+    out["dn_reference"] = recorded["reference"]
+    out["dn_loss"] = result.loss.detach().numpy()
+    for name, value in result.loss_dict.items():
+        out[f"dn_{name}"] = value.detach().numpy()
+    out["dn_embed_grad"] = embed.weight.grad.detach().numpy()
 
 
 def main(folder: str) -> None:

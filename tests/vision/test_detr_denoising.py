@@ -45,9 +45,10 @@ def test_positives_move_within_the_noise_scale_negatives_beyond_it_labels_flip_a
     assert content.shape == (64, 2 * groups * m, 8) and reference.shape == (64, 2 * groups * m, 4)
     # Group by group: the M positives, then the M negatives, each a copy of the targets.
     positive = np.tile(np.arange(2 * m) < m, groups)
-    np.testing.assert_array_equal(meta["positive"], np.broadcast_to(positive, (64, 2 * groups * m)))
     np.testing.assert_array_equal(meta["labels"], np.tile(targets["labels"], (1, 2 * groups)))
     np.testing.assert_array_equal(meta["valid"], np.tile(targets["valid"], (1, 2 * groups)))
+    np.testing.assert_array_equal(meta["positive"], np.broadcast_to(positive, (64, 2 * groups * m))
+                                  & meta["valid"])  # a padding slot's query is no positive
     boxes = np.tile(targets["boxes"], (1, 2 * groups, 1))
     noised = 1 / (1 + np.exp(-reference.astype("float64")))
     half = np.concatenate([boxes[..., 2:], boxes[..., 2:]], -1) / 2

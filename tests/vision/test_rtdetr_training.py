@@ -1,8 +1,8 @@
 """RT-DETR's training loss (`vision.modeling.rtdetr.rtdetr_criterion`: focal matching cost,
 varifocal loss, L1 / GIoU on every decoder layer and the selected cells) against
 transformers' ``RTDetrForObjectDetection(labels=...)`` on the converted tiny model of
-reference_rtdetr.py: the loss terms in eval mode and in training mode (no denoising queries),
-and the gradient of every trainable weight. Needs the ``[reference]`` extra."""
+reference_rtdetr.py: the loss terms in eval mode and in training mode (without and with
+denoising queries), and the gradients. Needs the ``[reference]`` extra."""
 
 import importlib.util
 
@@ -77,6 +77,8 @@ def test_training_mode_loss_and_every_gradient_are_transformers(reference):
     largest = max(float(np.abs(g).max()) for g in theirs.values())
     for variable, grad in zip(model.trainable_variables, grads):
         key = variable.path.split("/", 1)[1]
+        if key == "denoising/label_embed":  # no denoising queries here (the next test)
+            continue
         ours = np.zeros(variable.shape) if grad is None else np.asarray(grad)
         # float32 rounding through the whole network: 1e-3 of the weight's own largest
         # gradient (2.7e-4 measured), and 1e-6 of the model's for the ones that are 0
@@ -84,6 +86,54 @@ def test_training_mode_loss_and_every_gradient_are_transformers(reference):
         bound = 1e-3 * float(np.abs(theirs[key]).max()) + 1e-6 * largest
         assert float(np.abs(ours - theirs[key]).max()) <= bound, key
         assert float(np.abs(theirs[key]).max()) > 0, key  # every weight takes part
+
+
+def test_denoising_queries_given_transformers_noise_give_its_losses_and_gradient(reference,
+                                                                               tmp_path):
+    import json
+    import shutil
+
+    import tensorflow as tf
+
+    folder, expected = reference
+    shutil.copytree(folder / "rtdetr", tmp_path / "rtdetr")
+    config = json.loads((tmp_path / "rtdetr" / "config.json").read_text())
+    assert config["num_denoising"] == 100  # transformers' default, as published
+    config["num_denoising"] = 6  # 6 // 3 objects: 2 groups, as the reference run
+    (tmp_path / "rtdetr" / "config.json").write_text(json.dumps(config))
+    model = rtdetr_convert.load_rtdetr(tmp_path / "rtdetr")
+    drawn = []
+
+    def draw(labels, boxes, positive):  # transformers' noise instead of a new one
+        drawn.append(labels.shape)
+        return expected["dn_labels"], expected["dn_reference"]
+
+    model.denoising.draw = draw
+    targets = _targets(expected)
+    with tf.GradientTape() as tape:
+        outputs = model({"images": expected["images"], "targets": targets}, training=True)
+        losses = rtdetr_criterion(5)(outputs, targets)
+    assert drawn == [(2, 12)]  # 2 groups x (3 positives + 3 negatives)
+    layers, compared = 2, 0
+    for key in expected:
+        if not key.startswith("dn_loss_"):
+            continue
+        name = key[3:]
+        base, _, dn = name.partition("_dn_")
+        if dn:  # theirs number every layer, ours leave the last unnumbered
+            ours = f"{base}_dn" + ("" if int(dn) == layers - 1 else f"_{dn}")
+            np.testing.assert_allclose(WEIGHTS[base] * float(losses[ours]), expected[key],
+                                       rtol=2e-5, atol=2e-6, err_msg=name)
+            compared += 1
+        else:  # the matching queries' terms: as without denoising queries
+            np.testing.assert_allclose(expected[key], expected[f"train_{name}"], rtol=1e-5)
+    assert compared == 3 * layers
+    np.testing.assert_allclose(float(losses["loss"]), expected["dn_loss"], rtol=2e-5)
+    variable = next(v for v in model.trainable_variables if v.path.endswith("label_embed"))
+    grad = tf.convert_to_tensor(tape.gradient(losses["loss"], variable)).numpy()
+    theirs = expected["dn_embed_grad"]
+    assert np.abs(theirs).max() > 0
+    np.testing.assert_allclose(grad, theirs, atol=1e-3 * float(np.abs(theirs).max()))
 
 
 def test_init_from_an_rtdetr_folder_reinitializes_or_reorders_the_class_heads(reference):
@@ -101,7 +151,8 @@ def test_init_from_an_rtdetr_folder_reinitializes_or_reorders_the_class_heads(re
     model, _ = build_rtdetr_model(config, 2)
     lines = []
     init_from(model, folder / "rtdetr", ["cat", "dog"], lines.append)
-    heads = 2 * (1 + 2)  # kernel and bias: enc_score_head, class_head_0, class_head_1
+    # Kernel and bias of enc_score_head, class_head_0, class_head_1; the denoising labels.
+    heads = 2 * (1 + 2) + 1
     assert lines == ["class head: 5 → 2 outputs, re-initialized",
                      f"init from {folder / 'rtdetr'}: {len(model.weights) - heads} of "
                      f"{len(model.weights)} weights loaded"]
@@ -124,6 +175,9 @@ def test_init_from_an_rtdetr_folder_reinitializes_or_reorders_the_class_heads(re
                                       array(source, f"{head}/kernel")[:, order])
         np.testing.assert_array_equal(array(model, f"{head}/bias"),
                                       array(source, f"{head}/bias")[order])
+    # The denoising labels' rows too, the padding row last.
+    np.testing.assert_array_equal(array(model, "denoising/label_embed"),
+                                  array(source, "denoising/label_embed")[order + [5]])
 
 
 @pytest.mark.slow

@@ -19,8 +19,13 @@ As transformers' ``RTDetrForObjectDetection`` computes it in eval mode (lyuwenyu
    layer's class logits and boxes are the model's outputs.
 
 The classes are scored with sigmoids (focal loss): ``num_classes`` logits, no "no object"
-column. Padding masks are not used (transformers' RT-DETR has none in inference either);
-denoising queries are a training matter and are off here.
+column. Padding masks are not used (transformers' RT-DETR has none in inference either).
+
+In training, with the targets among the inputs (``{"images", "targets"}``) and
+``num_denoising`` > 0, RT-DETR's denoising queries (`vision.modeling.denoising.RTDetrDenoising`)
+follow the selected ones into the decoder; the outputs then hold theirs as ``"denoising"``
+(every layer's predictions and the targets they reconstruct), which the set criterion scores
+without matching.
 
 Training (``compile`` + ``fit``, `vision.modeling.set_loss.SetLossModel`) uses RT-DETR's
 criterion by default (`rtdetr_criterion`): the focal matching cost (class 2, L1 5, GIoU 2),
@@ -39,6 +44,7 @@ from keras import ops
 
 from vision.matching.losses import SetCriterion
 from vision.matching.matcher import HungarianMatcher
+from vision.modeling.denoising import RTDetrDenoising
 from vision.modeling.heads import MLP
 from vision.modeling.hybrid_encoder import ConvNorm
 from vision.modeling.postprocess import rtdetr_postprocess
@@ -110,24 +116,29 @@ class RTDetr(SetLossModel):
             stride-2 levels).
         layer_norm_epsilon, batch_norm_epsilon: of ``enc_output``'s LayerNorm and of the
             decoder input projections' BatchNorms.
+        num_denoising, label_noise_ratio, box_noise_scale: the denoising queries in training
+            (transformers' fields; `RTDetrDenoising`).
         **kwargs: base model arguments.
 
     Call arguments:
-        inputs: ``(B, H, W, 3)`` images, or a dict with ``"images"`` (a ``"mask"`` is
-            ignored: RT-DETR has no padding mask).
+        inputs: ``(B, H, W, 3)`` images, or a dict with ``"images"`` and, for the denoising
+            queries in training, ``"targets"`` (``labels``, ``boxes``, ``valid``; a
+            ``"mask"`` is ignored: RT-DETR has no padding mask).
         training: BatchNorm statistics and dropout.
 
     Returns:
         dict with ``"pred_logits"`` ``(B, Q, C)``, ``"pred_boxes"`` ``(B, Q, 4)`` (normalized
         cxcywh), ``"aux_outputs"`` (the earlier decoder layers' two, a list) and
-        ``"enc_outputs"`` (the selected cells' ``pred_logits`` and ``pred_boxes``).
+        ``"enc_outputs"`` (the selected cells' ``pred_logits`` and ``pred_boxes``), and in
+        training with targets ``"denoising"`` (see the module docstring).
     """
 
     def __init__(self, num_classes: int, backbone: keras.layers.Layer,
                  encoder: keras.layers.Layer, decoder: keras.layers.Layer,
                  d_model: int = 256, num_queries: int = 300, num_feature_levels: int = 3,
                  layer_norm_epsilon: float = 1e-5, batch_norm_epsilon: float = 1e-5,
-                 **kwargs):
+                 num_denoising: int = 0, label_noise_ratio: float = 0.5,
+                 box_noise_scale: float = 1.0, **kwargs):
         super().__init__(**kwargs)
         if num_feature_levels < encoder.num_levels:
             raise ValueError(f"`num_feature_levels` must be at least the encoder's "
@@ -151,6 +162,8 @@ class RTDetr(SetLossModel):
             num_classes, bias_initializer=keras.initializers.Constant(
                 -math.log((1 - prior) / prior)), dtype=policy, name="enc_score_head")
         self.enc_bbox_head = MLP(d, d, 4, 3, dtype=policy, name="enc_bbox_head")
+        self.denoising = RTDetrDenoising(num_denoising, num_classes, d, label_noise_ratio,
+                                         box_noise_scale, dtype=policy, name="denoising")
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
 
@@ -183,6 +196,7 @@ class RTDetr(SetLossModel):
         last.bias.assign(ops.zeros_like(last.bias))
         if not self.decoder.built:
             self.decoder.build((None, self.num_queries, self.d_model), (None, None, self.d_model))
+        self.denoising.build()
         self.built = True
 
     def select_queries(self, images, training=None) -> QuerySelection:
@@ -214,18 +228,34 @@ class RTDetr(SetLossModel):
                               ops.stop_gradient(topk_boxes), take(enc_logits), topk_boxes)
 
     def call(self, inputs, training=None):
-        images = inputs["images"] if isinstance(inputs, dict) else inputs
+        images, targets = (inputs["images"], inputs.get("targets")) if isinstance(
+            inputs, dict) else (inputs, None)
         selection = self.select_queries(images, training=training)
+        target, reference, mask, meta = (selection.target, selection.reference_logits, None,
+                                         None)
+        if self.denoising.active(targets, training):
+            content, noised, meta = self.denoising.noised(targets)
+            mask = self.denoising.attention_mask(None, ops.shape(target)[0], self.num_queries,
+                                                 meta)
+            target = ops.concatenate([target, ops.cast(content, target.dtype)], axis=1)
+            reference = ops.concatenate([reference, ops.cast(noised, reference.dtype)], axis=1)
         logits, boxes = self.decoder(
-            selection.target, selection.memory, selection.reference_logits,
-            spatial_shapes=selection.spatial_shapes, training=training)  # (B, L, Q, C|4)
+            target, selection.memory, reference, spatial_shapes=selection.spatial_shapes,
+            self_attention_mask=mask, training=training)  # (B, L, Q [+ N], C|4)
         logits, boxes = ops.cast(logits, "float32"), ops.cast(boxes, "float32")
-        layers = [{"pred_logits": logits[:, i], "pred_boxes": boxes[:, i]}
+        q = self.num_queries
+        layers = [{"pred_logits": logits[:, i, :q], "pred_boxes": boxes[:, i, :q]}
                   for i in range(logits.shape[1])]
         enc_boxes = ops.sigmoid(ops.cast(selection.topk_box_logits, "float32"))
-        return {**layers[-1], "aux_outputs": layers[:-1],
-                "enc_outputs": {"pred_logits": ops.cast(selection.topk_logits, "float32"),
-                                "pred_boxes": enc_boxes}}
+        outputs = {**layers[-1], "aux_outputs": layers[:-1],
+                   "enc_outputs": {"pred_logits": ops.cast(selection.topk_logits, "float32"),
+                                   "pred_boxes": enc_boxes}}
+        if meta is not None:
+            layers = [{"pred_logits": logits[:, i, q:], "pred_boxes": boxes[:, i, q:]}
+                      for i in range(logits.shape[1])]
+            outputs["denoising"] = {**layers[-1], "aux_outputs": layers[:-1], **{
+                key: meta[key] for key in ("labels", "boxes", "positive", "valid", "groups")}}
+        return outputs
 
     def postprocess(self, outputs: dict, image_sizes: Any) -> dict:
         """`rtdetr_postprocess` of this model's ``outputs`` (the exported detector's)."""
@@ -242,6 +272,9 @@ class RTDetr(SetLossModel):
             "num_queries": self.num_queries, "num_feature_levels": self.num_feature_levels,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "batch_norm_epsilon": self.batch_norm_epsilon,
+            "num_denoising": self.denoising.num_denoising,
+            "label_noise_ratio": self.denoising.label_noise,
+            "box_noise_scale": self.denoising.box_noise,
         }
 
     @classmethod

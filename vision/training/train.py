@@ -169,7 +169,7 @@ class DetectionTask(Task):
         self.num_train, self.num_valid = num_train, num_valid
         if whole:
             train_ds, valid_ds = _float_masks(train_ds), _float_masks(valid_ds)
-        if config.denoising_groups:  # the denoising queries are made from the targets
+        if config.uses_denoising:  # the denoising queries are made from the targets
             train_ds = train_ds.map(lambda inputs, targets: ({**inputs, "targets": targets},
                                                              targets))
         return TaskData(train_ds, valid_ds, train_steps)
