@@ -303,10 +303,8 @@ PRESETS: dict[str, DetrConfig] = {
             "augmentation": "flip",
         },
     ),
-    "rtdetr-r50": DetrConfig(name="rtdetr-r50", rtdetr=RTDETR_ARCHITECTURES["r50"],
-                             **_RTDETR_TRAINING),
-    "rtdetr-r18": DetrConfig(name="rtdetr-r18", rtdetr=RTDETR_ARCHITECTURES["r18"],
-                             **_RTDETR_TRAINING),
+    **{f"rtdetr-{size}": DetrConfig(name=f"rtdetr-{size}", rtdetr=RTDETR_ARCHITECTURES[size],
+                                    **_RTDETR_TRAINING) for size in ("r101", "r50", "r34", "r18")},
     # RT-DETR at `tiny`'s size and training settings (128 px, 20 queries, batch 16,
     # learning rate 2e-4, the backbone trained from scratch at the full rate, flips).
     "rtdetr-tiny": DetrConfig(name="rtdetr-tiny", rtdetr=RTDETR_ARCHITECTURES["tiny"], **{

@@ -31,7 +31,8 @@ export's detections; a padded one gets what the export gives it in a batch with 
 LiteRT: builtin operators only (no Flex), batch fixed (1 unless asked), in ``float32``,
 ``float16`` (weights), ``int8`` (dynamic range: int8 weights) or ``int8-full`` (int8 weights
 and activations of the convolutions and dense layers, calibrated on images of the run's own
-training data; attention and divisions stay float: `FLOAT_OPS`). ONNX: opset 17, dynamic
+training data; attention and divisions stay float: `FLOAT_OPS`; RT-DETR's also keeps its
+LayerNorms, clips, logarithms and sigmoids in float: `RTDETR_FLOAT_OPS`). ONNX: opset 17, dynamic
 batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic quantization).
 """
 
@@ -53,9 +54,9 @@ from vision.format_inputs import (
     representative_images,
 )
 
-__all__ = ["CALIBRATION_IMAGES", "FILES", "PRECISIONS", "SETTINGS_FILE", "DetectorConverter",
-           "DetectorSource", "find_source", "prepare_image", "representative_images",
-           "run_once", "write_litert", "write_onnx"]
+__all__ = ["CALIBRATION_IMAGES", "FILES", "PRECISIONS", "RTDETR_FLOAT_OPS", "SETTINGS_FILE",
+           "DetectorConverter", "DetectorSource", "find_source", "prepare_image",
+           "representative_images", "run_once", "write_litert", "write_onnx"]
 
 FILES = {"litert": "detector.tflite", "onnx": "detector.onnx"}
 PRECISIONS = {"litert": ("float32", "float16", "int8", "int8-full"),
@@ -64,6 +65,11 @@ SETTINGS_FILE = "settings.json"
 ONNX_OPSET = 17
 # The LiteRT operators `int8-full` keeps in float (see `DetectorConverter.litert`).
 FLOAT_OPS = ["BATCH_MATMUL", "SOFTMAX", "SELECT_V2", "DIV"]
+# RT-DETR's: also its clips (the box clip would need its input's int8 scale), its LayerNorms'
+# statistics (and, by name, the rest of each LayerNorm: `_layer_norm_tensors`) and the
+# logarithms and sigmoids between box logits and boxes.
+RTDETR_FLOAT_OPS = FLOAT_OPS + ["MINIMUM", "MAXIMUM", "MEAN", "SQUARED_DIFFERENCE", "RSQRT",
+                                "LOG", "LOGISTIC"]
 # What writing and checking each format imports (the module names).
 RUNTIMES = {"litert": ("ai_edge_litert",), "onnx": ("tf2onnx", "onnxruntime")}
 _CLASSES_FILE = "classes.json"
@@ -141,14 +147,6 @@ class DetectorConverter:
         import tensorflow as tf
 
         _check_precision("litert", precision)
-        from vision.modeling.rtdetr import RTDetr
-
-        if precision == "int8-full" and isinstance(self.model, RTDetr):
-            raise ValueError(
-                "--precision int8-full is not supported for RT-DETR: with every activation in "
-                "int8 its detections fall apart (AP50 0.99 -> 0.35-0.43 on a trained "
-                "rtdetr-tiny, benchmarks/README.md); use --precision int8 (weights in int8, "
-                "AP50 within 0.001)")
         converter = tf.lite.TFLiteConverter.from_saved_model(self._saved_model(),
                                                              signature_keys=["serving_default"])
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
@@ -172,9 +170,17 @@ class DetectorConverter:
         converter.representative_dataset = lambda: iter(batches)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
                                                tf.lite.OpsSet.TFLITE_BUILTINS]
+        from vision.modeling.rtdetr import RTDetr
+
+        # RT-DETR: with its LayerNorms in int8 too, AP50 falls by 0.04; with its box
+        # logits and sigmoids in int8 as well, by 0.39 (benchmarks/README.md).
+        ops, nodes = FLOAT_OPS, []
+        if isinstance(self.model, RTDetr):
+            ops, nodes = RTDETR_FLOAT_OPS, _layer_norm_tensors(self.litert("float32"))
         quantizer = tf.lite.experimental.QuantizationDebugger(
             converter=converter, debug_dataset=lambda: iter(batches),
-            debug_options=tf.lite.experimental.QuantizationDebugOptions(denylisted_ops=FLOAT_OPS))
+            debug_options=tf.lite.experimental.QuantizationDebugOptions(
+                denylisted_ops=ops, denylisted_nodes=nodes))
         return quantizer.get_nondebug_quantized_model()
 
     def onnx(self, precision: str) -> bytes:
@@ -198,6 +204,18 @@ class DetectorConverter:
                 with open(quantized, "rb") as f:
                     data = f.read()
         return data
+
+
+def _layer_norm_tensors(data: bytes) -> list[str]:
+    """The tensors of a LiteRT file's LayerNorms: those under a name scope that holds a
+    ``moments/`` scope (where the normalization computes its mean and variance)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    names = [detail["name"] for detail in Interpreter(model_content=data).get_tensor_details()]
+    scopes = {part.split("/moments/")[0] + "/" for name in names for part in name.split(";")
+              if "/moments/" in part}
+    return [name for name in names
+            if any(part.startswith(scope) for part in name.split(";") for scope in scopes)]
 
 
 def _erfc(ctx, node, name, args) -> None:

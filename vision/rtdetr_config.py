@@ -206,7 +206,9 @@ def preprocessing_settings(processor: dict | None,
                 std=std)
 
 
-# The architectures of the RT-DETR presets (`vision.config.PRESETS`), as config.json fields.
+# The architectures of the RT-DETR presets (`vision.config.PRESETS`), as config.json fields:
+# the published ones as transformers' conversion script
+# (convert_rt_detr_original_pytorch_checkpoint_to_hf.py) sets them.
 # transformers' RTDetrConfig defaults: RT-DETR R50-vd (PekingU/rtdetr_r50vd).
 _R50 = {"backbone_config": {"model_type": "rt_detr_resnet",
                             "out_features": ["stage2", "stage3", "stage4"]},
@@ -219,6 +221,13 @@ _R18 = {
                         "out_features": ["stage2", "stage3", "stage4"]},
     "encoder_in_channels": [128, 256, 512], "hidden_expansion": 0.5, "decoder_layers": 3,
 }
+# PekingU/rtdetr_r34vd: R18's with R34's depths and 4 decoder layers.
+_R34 = {**_R18, "backbone_config": {**_R18["backbone_config"], "depths": [3, 4, 6, 3]},
+        "decoder_layers": 4}
+# PekingU/rtdetr_r101vd: R50-vd with 23 blocks in its third stage, the encoder 384 wide with
+# an FFN of 2048 (the decoder stays 256 wide).
+_R101 = {**_R50, "backbone_config": {**_R50["backbone_config"], "depths": [3, 4, 23, 3]},
+         "encoder_hidden_dim": 384, "encoder_ffn_dim": 2048, "decoder_in_channels": [384] * 3}
 # RT-DETR at DETR tiny's size for CPU runs (`vision.config`'s `tiny`: d 128, 4 heads, FFN
 # 512, 3 decoder layers): basic blocks of 32-256 channels, one per stage.
 _TINY = {
@@ -229,8 +238,9 @@ _TINY = {
     "encoder_ffn_dim": 512, "decoder_ffn_dim": 512, "encoder_attention_heads": 4,
     "decoder_attention_heads": 4, "decoder_layers": 3, "hidden_expansion": 0.5,
     "decoder_in_channels": [128, 128, 128],
-    # No denoising queries: at 8 minutes on two CPU cores they cost more steps than they
-    # give (benchmarks/README.md, "RT-DETR's denoising queries").
-    "num_denoising": 0,
+    # 8 denoising queries (in 1-2 groups: about 2/3 of the 20 matching queries, as the
+    # published models' 100 against 300): +0.04 AP at 8 minutes on the photos
+    # (benchmarks/README.md, "RT-DETR's denoising queries").
+    "num_denoising": 8,
 }
-ARCHITECTURES = {"r50": _R50, "r18": _R18, "tiny": _TINY}
+ARCHITECTURES = {"r101": _R101, "r50": _R50, "r34": _R34, "r18": _R18, "tiny": _TINY}

@@ -9,6 +9,9 @@ gives it; lyuwenyu/RT-DETR's ``TransformerDecoder``) computes it in eval mode. E
    cross-attention over the multi-level memory from ``x + pos`` around the box ``r``, FFN;
 3. ``class_head_i(x)`` gives the layer's class logits, ``r' = sigmoid(box_head_i(x) +
    inverse_sigmoid(r))`` its boxes; the next layer starts from ``r'`` without its gradient.
+   ``inverse_sigmoid(r)`` is carried as the logits ``r`` came from, clipped where
+   transformers' ``inverse_sigmoid`` clamps (the same numbers, and no round trip through a
+   probability for an int8 file to round).
 
 The layers reuse the shared `tfx_transformer` layers (``MultiHeadAttention``,
 ``MultiScaleDeformableAttention``, ``FeedForward`` and ``ResidualBlockLayer``'s residual +
@@ -35,7 +38,10 @@ __all__ = ["RTDetrDecoder", "RTDetrDecoderLayer", "build_decoder", "inverse_sigm
            "transformers_arrays"]
 
 
-def inverse_sigmoid(x, eps: float = 1e-5):
+_INVERSE_SIGMOID_EPS = 1e-5
+
+
+def inverse_sigmoid(x, eps: float = _INVERSE_SIGMOID_EPS):
     """``log(x / (1 - x))`` of ``x`` clipped to ``[0, 1]``, both terms floored at ``eps``
     (transformers' and RT-DETR's ``inverse_sigmoid``)."""
     x = ops.clip(x, 0.0, 1.0)
@@ -207,17 +213,25 @@ class RTDetrDecoder(keras.layers.Layer):
     def call(self, target, memory, reference_logits, *, spatial_shapes,
              self_attention_mask=None, memory_mask=None, training=None):
         x = target
-        reference = ops.sigmoid(ops.cast(reference_logits, "float32"))  # (B, Q, 4)
+        # Each layer refines ``inverse_sigmoid(reference)`` (transformers); the boxes' logits
+        # are carried instead, clipped where that clamps (|logit| > -log(1e-5)): the same
+        # value, without rounding the box to a probability and back (which a file with int8
+        # activations does at 1/255, turning a small box's logit into another).
+        limit = -math.log(_INVERSE_SIGMOID_EPS)
+        z = ops.clip(ops.cast(reference_logits, "float32"), -limit, limit)  # (B, Q, 4)
+        reference = ops.sigmoid(z)
         logits, boxes = [], []
         for layer, class_head, box_head in zip(self.layers, self.class_heads, self.box_heads):
             x = layer(x, memory, reference[:, :, None, :], spatial_shapes=spatial_shapes,
                       query_pos=self.query_pos_head(reference),
                       self_attention_mask=self_attention_mask, memory_mask=memory_mask,
                       training=training)
-            refined = ops.sigmoid(ops.cast(box_head(x), "float32") + inverse_sigmoid(reference))
+            z = ops.cast(box_head(x), "float32") + z
+            refined = ops.sigmoid(z)
             logits.append(class_head(x))
             boxes.append(refined)
             reference = ops.stop_gradient(refined)
+            z = ops.stop_gradient(ops.clip(z, -limit, limit))
         return ops.stack(logits, axis=1), ops.stack(boxes, axis=1)  # (B, L, Q, C), (B, L, Q, 4)
 
     def compute_output_shape(self, target_shape, memory_shape, reference_logits_shape=None):
