@@ -88,6 +88,7 @@ class DetectorConverter:
         self.source, self.batch_size = source, batch_size
         self.model = keras.saving.load_model(source.model_file, compile=False)
         self._saved: str | None = None
+        self._float32: bytes | None = None  # written once (int8-full reads its tensor names)
 
     def function(self, batch_size: int | None):
         """The graph as a `tf.function` of ``images`` and ``mask`` (batch ``batch_size``)."""
@@ -147,6 +148,8 @@ class DetectorConverter:
         import tensorflow as tf
 
         _check_precision("litert", precision)
+        if precision == "float32" and self._float32 is not None:
+            return self._float32
         converter = tf.lite.TFLiteConverter.from_saved_model(self._saved_model(),
                                                              signature_keys=["serving_default"])
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
@@ -155,7 +158,10 @@ class DetectorConverter:
         if precision == "float16":
             converter.target_spec.supported_types = [tf.float16]
         if precision != "int8-full":
-            return converter.convert()
+            data = converter.convert()
+            if precision == "float32":
+                self._float32 = data
+            return data
         if not calibration:
             raise ValueError("--precision int8-full needs calibration images")
         # Calibrated int8 activations in the convolutions and dense layers (the weights'
