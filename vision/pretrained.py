@@ -69,7 +69,9 @@ def rtdetr_folder_config(source: str | os.PathLike) -> dict | None:
     from tfx_transformer.hf_files import read_json
 
     fields = read_json(config)
-    return fields if fields.get("model_type") == "rt_detr" else None
+    from vision.rtdetr_config import RTDETR_TYPES
+
+    return fields if fields.get("model_type") in RTDETR_TYPES else None
 
 
 def _resolve(source: str | os.PathLike) -> tuple[str, str]:

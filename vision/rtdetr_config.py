@@ -1,5 +1,11 @@
-"""The arguments of an RT-DETR from transformers' ``config.json`` (``RTDetrConfig``, with an
-``RTDetrResNetConfig`` as ``backbone_config``), by the rule `nlp.hf_config` states for Marian.
+"""The arguments of an RT-DETR from transformers' ``config.json`` (``RTDetrConfig``, or
+``RTDetrV2Config``, with an ``RTDetrResNetConfig`` as ``backbone_config``), by the rule
+`nlp.hf_config` states for Marian.
+
+RT-DETR v2 computes as v1 but for its decoder's deformable attention: ``decoder_n_levels``
+levels (read: it must be ``num_feature_levels``), offsets scaled by ``decoder_offset_scale``
+over the points per level (v1's is 0.5 over the same count: only 0.5 is implemented) and
+``decoder_method`` ``default`` (bilinear; ``discrete`` rounds the locations: refused).
 
 A field that transformers' RT-DETR modeling code reads (`MODEL_FIELDS`, `BACKBONE_FIELDS`;
 tests/vision/test_rtdetr_convert.py checks the sets against the installed source) is read
@@ -12,11 +18,15 @@ implemented is refused by name, with the file it is in.
 from __future__ import annotations
 
 __all__ = ["ACTIVATIONS", "ARCHITECTURES", "BACKBONE_FIELDS", "MODEL_FIELDS", "PROCESSOR_DEFAULTS",
-           "backbone_settings", "preprocessing_settings", "rtdetr_settings"]
+           "RTDETR_TYPES", "backbone_settings", "preprocessing_settings", "rtdetr_settings"]
+
+# The model_type of the folders read: RTDetrForObjectDetection, RTDetrV2ForObjectDetection.
+RTDETR_TYPES = ("rt_detr", "rt_detr_v2")
 
 ACTIVATIONS = {"relu": "relu", "silu": "silu", "swish": "silu", "gelu": "gelu",
                "tanh": "tanh", "sigmoid": "sigmoid"}
-# Every field modeling_rt_detr.py reads from its config (tests/vision/test_rtdetr_convert.py
+# Every field modeling_rt_detr.py and modeling_rt_detr_v2.py read from their config
+# (tests/vision/test_rtdetr_convert.py
 # checks the set against the installed source), and those of the backbone's config
 # (modeling_rt_detr_resnet.py, and ``out_indices``/``out_features`` of BackboneMixin).
 MODEL_FIELDS = {
@@ -32,7 +42,8 @@ MODEL_FIELDS = {
     "num_feature_levels", "num_labels", "num_queries", "output_attentions",
     "positional_encoding_temperature", "two_stage", "two_stage_num_proposals",
     "with_box_refine", "encoder_attention_heads", "backbone_config", "use_timm_backbone",
-    "backbone", "use_pretrained_backbone", "backbone_kwargs"}
+    "backbone", "use_pretrained_backbone", "backbone_kwargs", "decoder_method",
+    "decoder_n_levels", "decoder_offset_scale"}
 BACKBONE_FIELDS = {"depths", "downsample_in_bottleneck", "downsample_in_first_stage",
                    "embedding_size", "hidden_act", "hidden_sizes", "layer_type", "num_channels",
                    "output_hidden_states", "return_dict", "out_indices", "out_features"}
@@ -41,6 +52,7 @@ BACKBONE_FIELDS = {"depths", "downsample_in_bottleneck", "downsample_in_first_st
 # which lyuwenyu/RT-DETR does not; learn_initial_query: learned queries instead of the
 # selected cells' features; a timm or Hub backbone: not an RTDetrResNet.
 _FIXED = {"eval_size": None, "normalize_before": False, "learn_initial_query": False,
+          "decoder_method": "default", "decoder_offset_scale": 0.5,
           "use_timm_backbone": False, "backbone": None, "backbone_kwargs": None,
           "two_stage": None, "add_cross_attention": False}
 # Training only (the losses, the matcher, initialization), or no effect on the
@@ -108,8 +120,8 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
         ValueError: a field this conversion does not implement; the message names ``file``,
             the field and its value.
     """
-    if config.get("model_type", "rt_detr") != "rt_detr":
-        _refuse(file, "model_type", config["model_type"], "is not 'rt_detr'")
+    if config.get("model_type", "rt_detr") not in RTDETR_TYPES:
+        _refuse(file, "model_type", config["model_type"], f"is not one of {RTDETR_TYPES}")
     _check(config, MODEL_FIELDS, file)
     get = config.get
     backbone_kwargs = backbone_settings(get("backbone_config") or {"out_indices": [2, 3, 4]},
@@ -125,6 +137,9 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
                 f"is not supported (only the encoder's {[hidden] * len(channels)})")
     d_model = get("d_model", 256)
     levels = get("num_feature_levels", 3)
+    if get("decoder_n_levels", levels) != levels:
+        _refuse(file, "decoder_n_levels", get("decoder_n_levels"),
+                f"is not supported (only num_feature_levels, {levels})")
     if levels > len(channels) + 1 and d_model != hidden:
         _refuse(file, "num_feature_levels", levels, "is not supported with d_model "
                 "!= encoder_hidden_dim beyond one extra level")

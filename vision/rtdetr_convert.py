@@ -193,6 +193,13 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWe
                              "'model.denoising_class_embed.weight' (config.json's "
                              "num_denoising is not 0)")
     used.add("model.denoising_class_embed.weight")
+    for name in [n for n in state if n.endswith(".encoder_attn.n_points_scale")]:
+        # RT-DETR v2's constant: 1 / points of each sampling point (v1's scaling).
+        points = settings["decoder"]["num_points"]
+        if not np.allclose(state[name], 1.0 / points):
+            raise ValueError(f"{where}: {name} is not 1/{points} for every point (the decoder "
+                             "samples the same number of points on every level here)")
+        used.add(name)
     unused = sorted(set(state) - used)
     if unused:
         raise ValueError(f"{where}: {len(unused)} weights of model.safetensors are not part "

@@ -23,6 +23,7 @@
   left out (a reference too close to a tie would make the top-k selection flaky); and the
   image processor's part (`processor_outputs`): FOLDER/rtdetr/preprocessor_config.json and
   the detections of uint8 photos through processor, model and post-processing;
+- FOLDER/rtdetr_v2/ and ``v2_*``: an RT-DETR v2 of the same configuration (`v2_outputs`);
 - the loss (`loss_outputs`): ``loss_labels`` / ``loss_boxes`` / ``loss_valid`` (targets padded
   to 3 per image), transformers' ``loss`` and weighted ``loss_dict`` terms in eval mode
   (``eval_*``) and in training mode without denoising queries (``train_*``), and the gradient
@@ -58,6 +59,7 @@ VARIANTS = {"basic": dict(layer_type="basic", hidden_sizes=[16, 32, 64, 128]),
             "downsample": dict(downsample_in_bottleneck=True, downsample_in_first_stage=True)}
 IMAGES = (2, 64, 96)  # batch, height, width: multiples of 32, as RT-DETR's FPN needs
 SEED = 3  # the first seed whose top-k margins (see `margin`) exceed 5e-4 with torch 2.x
+V2_SEED = 4  # the v2 model's: the first whose margins exceed 5e-4 (3, the v1's: 3e-5)
 PHOTO_SEED = 6  # the photos': the first whose margins exceed 1e-3 (seeds 1-5 are under 6e-4)
 
 
@@ -119,6 +121,27 @@ def run(seed: int, pixels: torch.Tensor):
     smallest = min(margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
                    margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries))
     return model, result, smallest
+
+
+def v2_outputs(folder: str, pixels: torch.Tensor, out: dict) -> None:
+    """FOLDER/rtdetr_v2/: an ``RTDetrV2ForObjectDetection`` of the same configuration (its
+    decoder attending to the 4 levels, ``decoder_offset_scale`` 0.5, the ``default``
+    sampling), randomized as the v1 model; its eval-mode ``v2_logits``, ``v2_pred_boxes``
+    and ``v2_topk_margin``."""
+    torch.manual_seed(V2_SEED)
+    config = transformers.RTDetrV2Config(
+        backbone_config=transformers.RTDetrResNetConfig(**BACKBONE),
+        decoder_n_levels=CONFIG["num_feature_levels"], **CONFIG)
+    model = transformers.RTDetrV2ForObjectDetection(config).eval()
+    randomize(model)
+    model.save_pretrained(f"{folder}/rtdetr_v2")
+    with torch.no_grad():
+        result = model(pixel_values=pixels)
+    queries = CONFIG["num_queries"]
+    out["v2_topk_margin"] = np.float32(min(
+        margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
+        margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries)))
+    out["v2_logits"], out["v2_pred_boxes"] = result.logits.numpy(), result.pred_boxes.numpy()
 
 
 def processor_outputs(model, folder: str, out: dict) -> None:
@@ -281,6 +304,7 @@ def main(folder: str) -> None:
         out["det_boxes"][i, :n] = d["boxes"].numpy()
 
     processor_outputs(model, f"{folder}/rtdetr", out)
+    v2_outputs(folder, pixels, out)
     for name in VARIANTS:
         backbone_variant(folder, name, pixels, out)
     loss_outputs(model, folder, pixels, out)

@@ -87,3 +87,14 @@ def test_the_published_field_set_is_read_to_its_values():
                                              "box_noise_scale": 0.4})["model"]
     assert (changed["num_denoising"], changed["label_noise_ratio"],
             changed["box_noise_scale"]) == (0, 0.25, 0.4)
+
+
+def test_an_rtdetr_v2_config_reads_as_the_v1_of_its_sizes():
+    # RTDetrV2Config writes v1's fields and three of its decoder's attention, at these values
+    # in the published v2 models (PekingU/rtdetr_v2_r50vd and its kin).
+    v2 = {**PUBLISHED_R50, "model_type": "rt_detr_v2",
+          "architectures": ["RTDetrV2ForObjectDetection"], "decoder_method": "default",
+          "decoder_n_levels": 3, "decoder_offset_scale": 0.5}
+    assert rtdetr_config.rtdetr_settings(v2) == rtdetr_config.rtdetr_settings(PUBLISHED_R50)
+    with pytest.raises(ValueError, match="config.json: model_type='rt_detr_v3' is not one of"):
+        rtdetr_config.rtdetr_settings({**v2, "model_type": "rt_detr_v3"})

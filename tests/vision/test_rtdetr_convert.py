@@ -105,6 +105,17 @@ def test_the_model_gives_transformers_logits_and_boxes_in_every_decoder_layer(re
     _assert_same_detections(_detections(outputs, expected), expected)
 
 
+def test_an_rtdetr_v2_folder_gives_transformers_logits_and_boxes(reference):
+    """RTDetrV2ForObjectDetection (its decoder's attention: v2's offset scale and per-level
+    points), converted as v1's (the points' scale buffers checked and read)."""
+    folder, expected = reference
+    assert expected["v2_topk_margin"] > 5e-4
+    model = rtdetr_convert.load_rtdetr(folder / "rtdetr_v2")
+    outputs = model(expected["images"])
+    _close(outputs["pred_logits"], expected["v2_logits"], "v2 logits")
+    _close(outputs["pred_boxes"], expected["v2_pred_boxes"], "v2 boxes")
+
+
 def test_transformers_5_in_memory_names_read_as_the_saved_ones(reference, tmp_path):
     folder, _ = reference
     from safetensors.numpy import load_file, save_file
@@ -134,6 +145,7 @@ def test_every_field_rt_detr_modeling_reads_is_read_fixed_or_training_only():
     package = importlib.util.find_spec("transformers").submodule_search_locations[0]
     folder = os.path.join(package, "models", "rt_detr")
     for module, fields in (("modeling_rt_detr.py", rtdetr_config.MODEL_FIELDS),
+                           ("../rt_detr_v2/modeling_rt_detr_v2.py", rtdetr_config.MODEL_FIELDS),
                            ("modeling_rt_detr_resnet.py", rtdetr_config.BACKBONE_FIELDS)):
         with open(os.path.join(folder, module), encoding="utf-8") as f:
             read = set(re.findall(r"config\.([a-z][a-z_0-9]*)", f.read()))
@@ -152,6 +164,9 @@ def test_every_field_rt_detr_modeling_reads_is_read_fixed_or_training_only():
     ("decoder_activation_function", "gelu_new", "decoder_activation_function='gelu_new' is "
                                                 "not supported"),
     ("encoder_in_channels", [8, 16, 32], "differs from the backbone's channels"),
+    ("decoder_method", "discrete", "decoder_method='discrete' is not supported (only 'default')"),
+    ("decoder_offset_scale", 1.0, "decoder_offset_scale=1.0 is not supported (only 0.5)"),
+    ("decoder_n_levels", 4, "decoder_n_levels=4 is not supported (only num_feature_levels, 3)"),
 ])
 def test_fields_that_change_the_computation_are_refused_naming_the_file(field, value,
                                                                         message):

@@ -30,6 +30,7 @@ quiet_start()  # before TensorFlow is imported
 
 from tfx_transformer.cli import run_cli  # noqa: E402
 from tfx_transformer.training.workdir import NEW_DIR_MODE  # noqa: E402
+from vision.rtdetr_config import RTDETR_TYPES  # noqa: E402
 
 
 def command(argv=None) -> int:
@@ -48,7 +49,7 @@ def command(argv=None) -> int:
     from vision.data.augment import FixedSize
     from vision.training.export import export_detector
 
-    if os.path.isdir(args.checkpoint) and _model_type(args.checkpoint) == "rt_detr":
+    if os.path.isdir(args.checkpoint) and _model_type(args.checkpoint) in RTDETR_TYPES:
         from vision.rtdetr_convert import load_rtdetr
 
         model = load_rtdetr(args.checkpoint, "checkpoint")
@@ -86,8 +87,8 @@ def command(argv=None) -> int:
 
 
 def _model_type(folder: str) -> str:
-    """``config.json``'s ``model_type`` of a transformers folder: "rt_detr" or "detr";
-    ValueError naming the file otherwise."""
+    """``config.json``'s ``model_type`` of a transformers folder: "rt_detr", "rt_detr_v2" or
+    "detr"; ValueError naming the file otherwise."""
     from tfx_transformer.hf_files import read_json
 
     path = os.path.join(folder, "config.json")
@@ -95,9 +96,10 @@ def _model_type(folder: str) -> str:
         raise ValueError(f"checkpoint {folder}: no config.json (a transformers folder holds "
                          "config.json and model.safetensors)")
     kind = read_json(path).get("model_type")
-    if kind not in ("rt_detr", "detr"):
+    if kind not in (*RTDETR_TYPES, "detr"):
         raise ValueError(f"{path}: model_type {kind!r} is not supported (rt_detr: "
-                         "RTDetrForObjectDetection; detr: DetrForObjectDetection)")
+                         "RTDetrForObjectDetection; rt_detr_v2: RTDetrV2ForObjectDetection; "
+                         "detr: DetrForObjectDetection)")
     return kind
 
 
