@@ -8,7 +8,7 @@ from keras import ops
 from vision.config import preset
 from vision.matching.losses import SetCriterion
 from vision.matching.matcher import HungarianMatcher
-from vision.modeling.denoising import ContrastiveDenoising
+from vision.modeling.denoising import ContrastiveDenoising, RTDetrDenoising
 from vision.modeling.detr import build_model
 from vision.modeling.queries import QueryOutput
 
@@ -165,3 +165,21 @@ def test_the_denoising_loss_reconstructs_positives_and_rejects_negatives_without
 def test_denoising_needs_reference_boxes():
     with pytest.raises(ValueError, match="denoising_groups"):
         preset("tiny-detr", denoising_groups=2)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ContrastiveDenoising(2, NUM_CLASSES, 8, seed=0, dtype="mixed_bfloat16"),
+    lambda: RTDetrDenoising(6, NUM_CLASSES, 8, seed=0, dtype="mixed_bfloat16")])
+def test_under_mixed_precision_the_boxes_stay_float32_and_the_content_is_bfloat16(make):
+    targets = _targets(np.random.default_rng(2), batch=2)
+    layer = make()
+    layer.build()
+    content, reference, meta = layer(ops.convert_to_tensor(targets["labels"]),
+                                     targets["boxes"], targets["valid"])
+    assert keras.backend.standardize_dtype(content.dtype) == "bfloat16"
+    assert keras.backend.standardize_dtype(reference.dtype) == "float32"
+    copies = ops.shape(meta["labels"])[1] // targets["labels"].shape[1]
+    # The targets the loss compares with, exactly (not rounded to bfloat16's 8 bits).
+    np.testing.assert_array_equal(ops.convert_to_numpy(meta["boxes"]),
+                                  np.tile(targets["boxes"], (1, copies, 1)))
+    assert type(layer).from_config(layer.get_config()).autocast is False  # as saved

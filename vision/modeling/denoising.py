@@ -55,6 +55,9 @@ class ContrastiveDenoising(keras.layers.Layer):
 
     def __init__(self, groups: int, num_classes: int, hidden_dim: int, label_noise: float = 0.5,
                  box_noise: float = 1.0, seed: int | None = None, **kwargs):
+        # The boxes and their noise stay float32 under a mixed policy (the content is made in
+        # the compute dtype).
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         self.groups = checks.non_negative_int("denoising_groups", groups)
         self.num_classes = num_classes
