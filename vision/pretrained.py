@@ -7,19 +7,23 @@
 - a ``model.keras`` file (Keras's own format, e.g. ``model.save("model.keras")``), or a
   directory holding one; its class names are read from a ``classes.json`` beside it, or from
   ``export/classes.json`` in that directory;
-- a transformers ``RTDetrForObjectDetection`` folder (``config.json`` of ``model_type``
-  ``rt_detr`` + ``model.safetensors``, `vision.rtdetr_convert.read_rtdetr`), for an RT-DETR
-  model of the same architecture (`rtdetr_folder_config` gives it).
+- a transformers ``RTDetrForObjectDetection`` or ``RTDetrV2ForObjectDetection`` folder
+  (``config.json`` of ``model_type`` ``rt_detr`` or ``rt_detr_v2`` + ``model.safetensors``,
+  `vision.rtdetr_convert.read_rtdetr`), for an RT-DETR model of the same architecture
+  (`rtdetr_folder_config` gives it).
 
 Weights are matched by their Keras path (``backbone/conv_0/kernel``, ...). Every weight of the
-model must be found with its shape, with two exceptions:
+model must be found with its shape, with three exceptions:
 
 - the class heads (``class_head``, ``proposal_class_head``: ``C + 1`` outputs, the last one
   "no object"; RT-DETR's ``class_head_i`` and ``enc_score_head``: ``C`` outputs) are loaded
   when the source has the same classes, in any order (the columns are reordered by name), and
   re-initialized when the class list differs ("class head: 92 -> 4 outputs, re-initialized");
 - per-query weights (``query_embed``, ``reference_logits``, ``query_content``) may
-  shrink: the first ``Q`` are kept.
+  shrink: the first ``Q`` are kept;
+- the denoising queries' label tables (``label_embed``: a row per class, RT-DETR's a padding
+  row last) follow the class heads: rows reordered by name for the same classes, otherwise
+  (or when the source has none) left at their initialization and listed as re-initialized.
 
 Anything else that differs (another hidden size, backbone, number of layers) is refused with
 the first weight that does not fit.

@@ -253,8 +253,9 @@ _TINY = {
     "encoder_ffn_dim": 512, "decoder_ffn_dim": 512, "encoder_attention_heads": 4,
     "decoder_attention_heads": 4, "decoder_layers": 3, "hidden_expansion": 0.5,
     "decoder_in_channels": [128, 128, 128],
-    # 8 denoising queries (in 1-2 groups: about 2/3 of the 20 matching queries, as the
-    # published models' 100 against 300): +0.04 AP at 8 minutes on the photos
+    # 8 denoising queries (8 // M groups, at least one, for the batch's most objects M: about
+    # 2/3 of the 20 matching queries, as the published models' 100 against 300): +0.04 AP at
+    # 8 minutes on the photos
     # (benchmarks/README.md, "RT-DETR's denoising queries").
     "num_denoising": 8,
 }

@@ -238,7 +238,8 @@ class RTDetr(SetLossModel):
             mask = self.denoising.attention_mask(None, ops.shape(target)[0], self.num_queries,
                                                  meta)
             target = ops.concatenate([target, ops.cast(content, target.dtype)], axis=1)
-            reference = ops.concatenate([reference, ops.cast(noised, reference.dtype)], axis=1)
+            # float32 (the decoder's dtype for boxes): the noised boxes are not rounded.
+            reference = ops.concatenate([ops.cast(reference, "float32"), noised], axis=1)
         logits, boxes = self.decoder(
             target, selection.memory, reference, spatial_shapes=selection.spatial_shapes,
             self_attention_mask=mask, training=training)  # (B, L, Q [+ N], C|4)

@@ -149,8 +149,8 @@ class RTDetrDecoder(keras.layers.Layer):
         **kwargs: base layer arguments.
 
     Call arguments:
-        target: ``(B, Q, d)`` the initial queries (the selected cells' features; denoising
-            queries first, if any).
+        target: ``(B, Q, d)`` the initial queries (the selected cells' features, then the
+            denoising queries, if any).
         memory: ``(B, S, d)`` the levels' maps flattened row-major, level after level.
         reference_logits: ``(B, Q, 4)`` the initial boxes, cxcywh in logit space.
         spatial_shapes: keyword-only, ``[(H_l, W_l)]`` of the levels (ints, or scalar

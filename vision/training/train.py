@@ -23,7 +23,7 @@ from tfx_transformer.schedules import StepDropSchedule
 from tfx_transformer.training.distribute import is_chief
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.trainer import RunContext, Task, TaskData, Trainer
-from vision.config import DetrConfig
+from vision.config import PRESETS, DetrConfig
 from vision.data.augment import DetrSizes, FixedSize
 from vision.data.batching import ObjectLimit, make_batches
 from vision.data.image_check import CACHE_FILE
@@ -86,9 +86,9 @@ class DetectionTask(Task):
                 if config.architecture != "rtdetr":
                     raise ValueError(
                         f"--init-from {init_from}: an RT-DETR folder needs an RT-DETR preset "
-                        f"(rtdetr-tiny, rtdetr-r18, rtdetr-r50: its training settings; the "
-                        f"architecture comes from the folder). Received: --preset "
-                        f"{config.name}")
+                        f"({', '.join(n for n in PRESETS if n.startswith('rtdetr-'))}: its "
+                        f"training settings; the architecture comes from the folder). "
+                        f"Received: --preset {config.name}")
                 config = self.config = dataclasses.replace(config, rtdetr=folder_config)
         self.fixed_size = None
         if config.architecture == "rtdetr":  # RT-DETR's image processor: stretch, / 255
