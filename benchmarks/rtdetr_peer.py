@@ -1,7 +1,7 @@
 """RT-DETR inference and training steps: ours against transformers' RTDetrForObjectDetection.
 
     python benchmarks/rtdetr_peer.py [--repeats 5] [--only r18,r50] [--batches 1,4]
-    python benchmarks/rtdetr_peer.py --train [--repeats 5] [--only tiny,r18]
+    python benchmarks/rtdetr_peer.py --train [--repeats 5] [--only tiny,r18] [--denoising]
 
 Needs the ``[reference]`` extra (torch, transformers). For each size, transformers builds the
 ``RTDetrForObjectDetection`` of ``PekingU/rtdetr_r18vd`` / ``rtdetr_r50vd``'s configuration
@@ -22,7 +22,10 @@ both sides: ours is the converted model compiled as ``train_detr.py`` compiles i
 1e-4, the backbone at 1e-5, weight decay 1e-4, global clipping at 0.1; `rtdetr_criterion`)
 and run by Keras's ``train_on_batch``; transformers' is ``RTDetrForObjectDetection(labels=)``
 in ``train()`` mode, ``backward``, clipping and ``torch.optim.AdamW`` with the same two rates.
-Denoising queries are off on both sides (``num_denoising=0``: ours has none yet). Sizes:
+Denoising queries are off on both sides (``num_denoising=0``), or with ``--denoising`` on
+both, as training runs them: each side's own draw of the configuration's count (the
+``rtdetr-tiny`` preset's 8, the published r18's 100), ours given the targets in its inputs.
+Sizes:
 ``tiny``, the ``rtdetr-tiny`` preset's model (128 px, batch 16, 20 queries, 3 classes), where
 the row of DETR's ``tiny`` preset (the same images, ImageNet-normalized, with their mask) is
 timed alongside ours too, and ``r18`` (640 px, batch 2, 300 queries, 80 classes).
@@ -151,9 +154,10 @@ TRAIN = {"tiny": dict(side=128, batch=16, classes=3),
          "r18": dict(side=SIDE, batch=2, classes=80)}
 
 
-def peer_training_model(size: str, folder: str) -> RTDetrForObjectDetection:
+def peer_training_model(size: str, folder: str, denoising: bool = False
+                        ) -> RTDetrForObjectDetection:
     """`peer_model` for ``--train``: ``tiny`` is the ``rtdetr-tiny`` preset's configuration;
-    denoising off."""
+    denoising off unless ``denoising``."""
     if size != "tiny":
         model = peer_model(size, folder)
     else:
@@ -165,11 +169,13 @@ def peer_training_model(size: str, folder: str) -> RTDetrForObjectDetection:
                                  "num_labels": TRAIN["tiny"]["classes"]})
         model = RTDetrForObjectDetection(config)
         model.save_pretrained(folder)
-    model.config.num_denoising = 0
+    if not denoising:
+        model.config.num_denoising = 0
     return model.train()
 
 
-def train_cases(size: str, repeats: int) -> list[tuple[str, dict, int]]:
+def train_cases(size: str, repeats: int, denoising: bool = False
+                ) -> list[tuple[str, dict, int]]:
     from vision.config import preset
     from vision.modeling.optimizer import build_optimizer
     from vision.modeling.rtdetr import rtdetr_criterion
@@ -186,7 +192,7 @@ def train_cases(size: str, repeats: int) -> list[tuple[str, dict, int]]:
     config = preset("rtdetr-tiny" if size == "tiny" else f"rtdetr-{size}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        peer = peer_training_model(size, os.path.join(tmp, "hf"))
+        peer = peer_training_model(size, os.path.join(tmp, "hf"), denoising)
         ours = load_rtdetr(os.path.join(tmp, "hf"))
         ours.compile(optimizer=build_optimizer(config, ours),
                      criterion=rtdetr_criterion(classes))
@@ -208,12 +214,15 @@ def train_cases(size: str, repeats: int) -> list[tuple[str, dict, int]]:
             optimizer.step()
             return float(loss)
 
+        inputs = {"images": images, "targets": targets} if denoising else images
+
         def ours_step():
-            return float(ours.train_on_batch(images, targets, return_dict=True)["loss"])
+            return float(ours.train_on_batch(inputs, targets, return_dict=True)["loss"])
 
         result = alternate({"ours": ours_step, "peer": peer_step}, repeats)
-        rows.append((f"RT-DETR {size} train, batch {batch}, {side} px", result, batch))
-        if size == "tiny":  # DETR's tiny preset on the same images
+        rows.append((f"RT-DETR {size} train{' +dn' if denoising else ''}, batch {batch}, "
+                     f"{side} px", result, batch))
+        if size == "tiny" and not denoising:  # DETR's tiny preset on the same images
             from vision.modeling.detr import build_criterion, build_model
 
             detr_config = preset("tiny")
@@ -238,6 +247,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="r18,r50")
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--train", action="store_true", help="optimizer steps (see above)")
+    parser.add_argument("--denoising", action="store_true",
+                        help="--train with denoising queries on both sides")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     import keras
@@ -253,7 +264,7 @@ def main(argv=None) -> int:
     for size in args.only.split(","):
         if size not in sizes:
             parser.error(f"unknown size {size!r}: {', '.join(sizes)}")
-        rows.extend(train_cases(size, args.repeats) if args.train
+        rows.extend(train_cases(size, args.repeats, args.denoising) if args.train
                     else size_cases(size, batches, args.repeats))
     print(f"{'case':<44}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}{'speed-up':>10}"
           f"{'ours img/s':>12}")
