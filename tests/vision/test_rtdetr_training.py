@@ -134,6 +134,21 @@ def test_denoising_queries_given_transformers_noise_give_its_losses_and_gradient
     theirs = expected["dn_embed_grad"]
     assert np.abs(theirs).max() > 0
     np.testing.assert_allclose(grad, theirs, atol=1e-3 * float(np.abs(theirs).max()))
+    # Traced with a count of targets known only at run time (as fit's data gives them), the
+    # matching queries keep their static count: the "ops" solver (XLA) needs it.
+    del model.denoising.draw  # its own noise again
+    shapes = []
+
+    @tf.function
+    def trace(images, labels, boxes, valid):
+        out = model({"images": images, "targets": {"labels": labels, "boxes": boxes,
+                                                   "valid": valid}}, training=True)
+        shapes.append(out["pred_logits"].shape.as_list())
+        return out["pred_logits"]
+
+    trace.get_concrete_function(tf.TensorSpec((2, 64, 96, 3)), tf.TensorSpec((2, None), "int32"),
+                                tf.TensorSpec((2, None, 4)), tf.TensorSpec((2, None), "bool"))
+    assert shapes == [[2, 10, 5]]
 
 
 def test_init_from_an_rtdetr_folder_reinitializes_or_reorders_the_class_heads(reference):

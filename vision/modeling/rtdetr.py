@@ -245,14 +245,19 @@ class RTDetr(SetLossModel):
             self_attention_mask=mask, training=training)  # (B, L, Q [+ N], C|4)
         logits, boxes = ops.cast(logits, "float32"), ops.cast(boxes, "float32")
         q = self.num_queries
-        layers = [{"pred_logits": logits[:, i, :q], "pred_boxes": boxes[:, i, :q]}
+        if meta is not None:  # the matching queries, of a static count (the "ops" solver's)
+            noised_logits, noised_boxes = logits[:, :, q:], boxes[:, :, q:]
+            logits, boxes = (ops.reshape(x[:, :, :q], (-1 if x.shape[0] is None else x.shape[0],
+                                                       x.shape[1], q, x.shape[3]))
+                             for x in (logits, boxes))
+        layers = [{"pred_logits": logits[:, i], "pred_boxes": boxes[:, i]}
                   for i in range(logits.shape[1])]
         enc_boxes = ops.sigmoid(ops.cast(selection.topk_box_logits, "float32"))
         outputs = {**layers[-1], "aux_outputs": layers[:-1],
                    "enc_outputs": {"pred_logits": ops.cast(selection.topk_logits, "float32"),
                                    "pred_boxes": enc_boxes}}
         if meta is not None:
-            layers = [{"pred_logits": logits[:, i, q:], "pred_boxes": boxes[:, i, q:]}
+            layers = [{"pred_logits": noised_logits[:, i], "pred_boxes": noised_boxes[:, i]}
                       for i in range(logits.shape[1])]
             outputs["denoising"] = {**layers[-1], "aux_outputs": layers[:-1], **{
                 key: meta[key] for key in ("labels", "boxes", "positive", "valid", "groups")}}
