@@ -117,10 +117,15 @@ def run(seed: int, pixels: torch.Tensor):
     randomize(model)
     with torch.no_grad():
         result = model(pixel_values=pixels)
+    return model, result, selection_margin(result)
+
+
+def selection_margin(result) -> float:
+    """`margin` of a model output's two top-k selections: the encoder's cells (their best
+    class logit) and the post-processing's (query, class) scores."""
     queries = CONFIG["num_queries"]
-    smallest = min(margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
-                   margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries))
-    return model, result, smallest
+    return min(margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
+               margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries))
 
 
 def v2_outputs(folder: str, pixels: torch.Tensor, out: dict) -> None:
@@ -137,10 +142,7 @@ def v2_outputs(folder: str, pixels: torch.Tensor, out: dict) -> None:
     model.save_pretrained(f"{folder}/rtdetr_v2")
     with torch.no_grad():
         result = model(pixel_values=pixels)
-    queries = CONFIG["num_queries"]
-    out["v2_topk_margin"] = np.float32(min(
-        margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
-        margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries)))
+    out["v2_topk_margin"] = np.float32(selection_margin(result))
     out["v2_logits"], out["v2_pred_boxes"] = result.logits.numpy(), result.pred_boxes.numpy()
 
 
@@ -161,10 +163,7 @@ def processor_outputs(model, folder: str, out: dict) -> None:
     pixels = processor(images=list(photos), return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         result = model(pixel_values=pixels)
-    queries = CONFIG["num_queries"]
-    out["photo_margin"] = np.float32(min(
-        margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
-        margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries)))
+    out["photo_margin"] = np.float32(selection_margin(result))
     detections = processor.post_process_object_detection(
         result, threshold=0.0, target_sizes=[(height, width)] * len(photos))
     out["photos"] = photos
