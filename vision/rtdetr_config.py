@@ -20,8 +20,9 @@ from __future__ import annotations
 __all__ = ["ACTIVATIONS", "ARCHITECTURES", "BACKBONE_FIELDS", "MODEL_FIELDS", "PROCESSOR_DEFAULTS",
            "RTDETR_TYPES", "backbone_settings", "preprocessing_settings", "rtdetr_settings"]
 
-# The model_type of the folders read: RTDetrForObjectDetection, RTDetrV2ForObjectDetection.
-RTDETR_TYPES = ("rt_detr", "rt_detr_v2")
+# The model_type of the folders read: RTDetrForObjectDetection, RTDetrV2ForObjectDetection
+# and DFineForObjectDetection (`vision.dfine_config`), the real-time DETR family.
+RTDETR_TYPES = ("rt_detr", "rt_detr_v2", "d_fine")
 
 ACTIVATIONS = {"relu": "relu", "silu": "silu", "swish": "silu", "gelu": "gelu",
                "tanh": "tanh", "sigmoid": "sigmoid"}
@@ -71,12 +72,15 @@ def _refuse(file: str, field: str, value, why: str):
     raise ValueError(f"{file}: {field}={value!r} {why}")
 
 
-def _check(fields: dict, known: set, file: str) -> None:
+def _check(fields: dict, known: set, file: str, read: set = _READ,
+           training: set = _TRAINING, fixed: dict = _FIXED) -> None:
+    """Refuses a field of ``known`` (the modeling code's) that is neither ``read``, nor
+    ``training``-only, nor of its one ``fixed`` value (None counts as the default)."""
     for field, value in sorted(fields.items()):
-        if field in _FIXED and value != _FIXED[field] and not (
+        if field in fixed and value != fixed[field] and not (
                 value is None or (field == "backbone_kwargs" and value == {})):
-            _refuse(file, field, value, f"is not supported (only {_FIXED[field]!r})")
-        if field in known and field not in _READ | _TRAINING | set(_FIXED):
+            _refuse(file, field, value, f"is not supported (only {fixed[field]!r})")
+        if field in known and field not in read | training | set(fixed):
             _refuse(file, field, value, "is not implemented by this conversion (refused "
                                         "rather than ignored)")
 
@@ -120,6 +124,10 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
         ValueError: a field this conversion does not implement; the message names ``file``,
             the field and its value.
     """
+    if config.get("model_type") == "d_fine":
+        from vision.dfine_config import dfine_settings
+
+        return dfine_settings(config, file)
     if config.get("model_type", "rt_detr") not in RTDETR_TYPES:
         _refuse(file, "model_type", config["model_type"], f"is not one of {RTDETR_TYPES}")
     _check(config, MODEL_FIELDS, file)

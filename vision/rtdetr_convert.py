@@ -1,5 +1,6 @@
 """transformers' ``RTDetrForObjectDetection`` folders (``PekingU/rtdetr_r50vd`` and kin:
-``config.json`` + ``model.safetensors``) as `vision.modeling.rtdetr.RTDetr` models.
+``config.json`` + ``model.safetensors``) as `vision.modeling.rtdetr.RTDetr` models, and
+``DFineForObjectDetection`` ones as `vision.modeling.dfine.DFine` (`vision.dfine_convert`).
 
 `read_rtdetr` reads the folder: the model's arguments from ``config.json``
 (`vision.rtdetr_config`: which fields are read, fixed or refused), its image preprocessing from
@@ -81,12 +82,14 @@ def _conv_norm(module: str, param: str, array: np.ndarray) -> tuple[str, np.ndar
     return f"{module}/{_BN[param]}", array
 
 
-def _encoder_arrays(state: dict, encoder: dict, used: set) -> dict:
-    """The backbone's, the hybrid encoder's and the decoder input projections' arrays."""
-    from vision.modeling.rtdetr_backbone import transformers_arrays
+def _encoder_arrays(state: dict, encoder: dict, used: set, backbone_arrays=None) -> dict:
+    """The backbone's (``backbone_arrays``: its module's ``transformers_arrays``, ResNet-vd's
+    by default), the hybrid encoder's and the decoder input projections' arrays."""
+    if backbone_arrays is None:
+        from vision.modeling.rtdetr_backbone import transformers_arrays as backbone_arrays
 
     arrays = {f"backbone/{path}": array for path, array in
-              transformers_arrays(state, "model.backbone.model.")}
+              backbone_arrays(state, "model.backbone.model.")}
     used.update(n for n in state if n.startswith("model.backbone.model."))
     for name, array in state.items():
         if name.startswith(("model.encoder_input_proj.", "model.decoder_input_proj.")):
@@ -169,21 +172,27 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWe
                              "config.json and model.safetensors)")
     config = read_json(os.path.join(folder, "config.json"))
     settings = rtdetr_settings(config, os.path.join(folder, "config.json"))
+    dfine = settings.get("family") == "d_fine"
     processor = os.path.join(folder, "preprocessor_config.json")
     preprocessing = preprocessing_settings(
         read_json(processor) if os.path.isfile(processor) else None, processor)
     from vision.reference import read_state_dict
 
     state = read_state_dict(os.path.join(folder, "model.safetensors"), flag)
-    for pattern, replacement in _RENAMES:
+    from vision.dfine_convert import RENAMES, dfine_arrays
+
+    for pattern, replacement in RENAMES if dfine else _RENAMES:
         state = {re.sub(pattern, replacement, name): array for name, array in state.items()}
     from vision.modeling.rtdetr_decoder import transformers_arrays
 
     used: set[str] = set()
     try:
-        arrays = {**_encoder_arrays(state, settings["encoder"], used),
-                  **_selection_arrays(state, used),
-                  **transformers_arrays(state, settings["decoder"], used)}
+        if dfine:
+            arrays = dfine_arrays(state, settings, used, where)
+        else:
+            arrays = {**_encoder_arrays(state, settings["encoder"], used),
+                      **_selection_arrays(state, used),
+                      **transformers_arrays(state, settings["decoder"], used)}
     except KeyError as error:
         raise ValueError(f"{where}: model.safetensors has no {error.args[0]!r}") from None
     if settings["model"]["num_denoising"]:  # the denoising queries' labels (training only)
@@ -209,7 +218,12 @@ def read_rtdetr(folder: str | os.PathLike, flag: str = "checkpoint") -> RTDetrWe
 
 
 def build_rtdetr(settings: dict, num_classes: int):
-    """The (built, untrained) `RTDetr` of `rtdetr_settings` for ``num_classes`` classes."""
+    """The (built, untrained) `RTDetr` of `rtdetr_settings` for ``num_classes`` classes (a
+    `vision.modeling.dfine.DFine` for a D-FINE's settings)."""
+    if settings.get("family") == "d_fine":
+        from vision.dfine_convert import build_dfine
+
+        return build_dfine(settings, num_classes)
     from vision.modeling.hybrid_encoder import HybridEncoder
     from vision.modeling.rtdetr import RTDetr
     from vision.modeling.rtdetr_backbone import RTDetrResNetBackbone

@@ -34,7 +34,8 @@ __all__ = ["CSPRepLayer", "ConvNorm", "HybridEncoder", "RepVggBlock", "sincos_po
 @keras.saving.register_keras_serializable(package="vision")
 class ConvNorm(keras.layers.Layer):
     """Convolution (no bias, PyTorch's ``(k - 1) // 2`` padding on each side), BatchNorm and an
-    optional activation: transformers' ``RTDetrConvNormLayer``.
+    optional activation: transformers' ``RTDetrConvNormLayer`` (and ``DFineConvNormLayer``,
+    whose ``groups`` is 1 or, depthwise, the channels).
 
     Args:
         filters: output channels.
@@ -42,20 +43,32 @@ class ConvNorm(keras.layers.Layer):
         strides: stride.
         activation: activation name, or None.
         epsilon: the BatchNorm's epsilon.
+        depthwise: one filter per input channel (``groups`` = channels = ``filters``; a
+            ``DepthwiseConv2D``, kernel ``(k, k, filters, 1)``).
         **kwargs: base layer arguments.
     """
 
     def __init__(self, filters: int, kernel_size: int = 1, strides: int = 1,
-                 activation: str | None = None, epsilon: float = 1e-5, **kwargs):
+                 activation: str | None = None, epsilon: float = 1e-5, depthwise: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.filters, self.kernel_size, self.strides = filters, kernel_size, strides
-        self.activation, self.epsilon = activation, epsilon
-        self.conv = keras.layers.Conv2D(filters, kernel_size, strides=strides, use_bias=False,
-                                        dtype=self.dtype_policy, name="conv")
+        self.activation, self.epsilon, self.depthwise = activation, epsilon, depthwise
+        if depthwise:
+            self.conv = keras.layers.DepthwiseConv2D(kernel_size, strides=strides,
+                                                     use_bias=False, dtype=self.dtype_policy,
+                                                     name="conv")
+        else:
+            self.conv = keras.layers.Conv2D(filters, kernel_size, strides=strides,
+                                            use_bias=False, dtype=self.dtype_policy,
+                                            name="conv")
         self.norm = keras.layers.BatchNormalization(epsilon=epsilon, dtype=self.dtype_policy,
                                                     name="norm")
 
     def build(self, input_shape):
+        if self.depthwise and input_shape[-1] != self.filters:
+            raise ValueError(f"A depthwise ConvNorm keeps its {self.filters} channels. "
+                             f"Received input channels: {input_shape[-1]}")
         self.conv.build((None, None, None, input_shape[-1]))
         self.norm.build((None, None, None, self.filters))
 
@@ -76,7 +89,8 @@ class ConvNorm(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(filters=self.filters, kernel_size=self.kernel_size, strides=self.strides,
-                      activation=self.activation, epsilon=self.epsilon)
+                      activation=self.activation, epsilon=self.epsilon,
+                      depthwise=self.depthwise)
         return config
 
 
@@ -245,16 +259,27 @@ class HybridEncoder(keras.layers.Layer):
                                         layer_norm_epsilon=layer_norm_epsilon, final_norm=False,
                                         dtype=policy, name=f"aifi_{i}")
                      for i in range(len(self.encode_proj_layers))] if num_layers else []
-        conv = dict(activation=activation, epsilon=epsilon, dtype=policy)
-        csp = dict(hidden_expansion=hidden_expansion, **conv)
-        self.lateral_convs = [ConvNorm(d, 1, name=f"lateral_convs_{i}", **conv)
-                              for i in range(num_levels - 1)]
-        self.fpn_blocks = [CSPRepLayer(d, name=f"fpn_blocks_{i}", **csp)
-                           for i in range(num_levels - 1)]
-        self.downsample_convs = [ConvNorm(d, 3, 2, name=f"downsample_convs_{i}", **conv)
+        self.lateral_convs = [self._lateral(f"lateral_convs_{i}") for i in range(num_levels - 1)]
+        self.fpn_blocks = [self._fusion_block(f"fpn_blocks_{i}") for i in range(num_levels - 1)]
+        self.downsample_convs = [self._downsample(f"downsample_convs_{i}")
                                  for i in range(num_levels - 1)]
-        self.pan_blocks = [CSPRepLayer(d, name=f"pan_blocks_{i}", **csp)
-                           for i in range(num_levels - 1)]
+        self.pan_blocks = [self._fusion_block(f"pan_blocks_{i}") for i in range(num_levels - 1)]
+
+    def _lateral(self, name: str) -> keras.layers.Layer:
+        """The FPN's 1x1 convolution of a coarser level before it is upsampled."""
+        return ConvNorm(self.hidden_dim, 1, activation=self.activation, epsilon=self.epsilon,
+                        dtype=self.dtype_policy, name=name)
+
+    def _fusion_block(self, name: str) -> keras.layers.Layer:
+        """The block fusing two concatenated levels (``2 * hidden_dim`` -> ``hidden_dim``)."""
+        return CSPRepLayer(self.hidden_dim, hidden_expansion=self.hidden_expansion,
+                           activation=self.activation, epsilon=self.epsilon,
+                           dtype=self.dtype_policy, name=name)
+
+    def _downsample(self, name: str) -> keras.layers.Layer:
+        """The PAN's stride-2 downsampling of a level."""
+        return ConvNorm(self.hidden_dim, 3, 2, activation=self.activation, epsilon=self.epsilon,
+                        dtype=self.dtype_policy, name=name)
 
     def build(self, features_shape):
         d = self.hidden_dim

@@ -149,11 +149,7 @@ class RTDetr(SetLossModel):
             batch_norm_epsilon
         self.backbone, self.encoder, self.decoder = backbone, encoder, decoder
         policy, d = self.dtype_policy, d_model
-        self.decoder_input_proj = [
-            ConvNorm(d, 1 if i < encoder.num_levels else 3,
-                     1 if i < encoder.num_levels else 2, epsilon=batch_norm_epsilon,
-                     dtype=policy, name=f"decoder_input_proj_{i}")
-            for i in range(num_feature_levels)]
+        self.decoder_input_proj = [self._input_projection(i) for i in range(num_feature_levels)]
         self.enc_output = keras.layers.Dense(d, dtype=policy, name="enc_output")
         self.enc_output_norm = keras.layers.LayerNormalization(
             epsilon=layer_norm_epsilon, dtype=policy, name="enc_output_norm")
@@ -166,6 +162,14 @@ class RTDetr(SetLossModel):
                                          box_noise_scale, dtype=policy, name="denoising")
         self.criterion: SetCriterion | None = None
         self.loss_trackers = [keras.metrics.Mean(name=name) for name in _LOSS_TERMS]
+
+    def _input_projection(self, level: int) -> keras.layers.Layer:
+        """Level ``level``'s decoder input projection: a 1x1 `ConvNorm` of an encoder level,
+        a 3x3 stride-2 one beyond them."""
+        own = level < self.encoder.num_levels
+        return ConvNorm(self.d_model, 1 if own else 3, 1 if own else 2,
+                        epsilon=self.batch_norm_epsilon, dtype=self.dtype_policy,
+                        name=f"decoder_input_proj_{level}")
 
     @property
     def backbone_variables(self) -> list:
@@ -231,34 +235,49 @@ class RTDetr(SetLossModel):
         images, targets = (inputs["images"], inputs.get("targets")) if isinstance(
             inputs, dict) else (inputs, None)
         selection = self.select_queries(images, training=training)
-        target, reference, mask, meta = (selection.target, selection.reference_logits, None,
-                                         None)
-        if self.denoising.active(targets, training):
-            content, noised, meta = self.denoising.noised(targets)
-            mask = self.denoising.attention_mask(None, ops.shape(target)[0], self.num_queries,
-                                                 meta)
-            target = ops.concatenate([target, ops.cast(content, target.dtype)], axis=1)
-            # float32 (the decoder's dtype for boxes): the noised boxes are not rounded.
-            reference = ops.concatenate([ops.cast(reference, "float32"), noised], axis=1)
+        target, reference, mask, meta = self.decoder_queries(selection, targets, training)
         logits, boxes = self.decoder(
             target, selection.memory, reference, spatial_shapes=selection.spatial_shapes,
             self_attention_mask=mask, training=training)  # (B, L, Q [+ N], C|4)
-        logits, boxes = ops.cast(logits, "float32"), ops.cast(boxes, "float32")
+        return self.layer_outputs(selection, meta, {"pred_logits": logits, "pred_boxes": boxes})
+
+    def decoder_queries(self, selection: QuerySelection, targets, training):
+        """``(queries, reference logits, self-attention mask, denoising meta)``: the selected
+        cells', followed in training by the denoising queries (mask and meta None without)."""
+        target, reference = selection.target, selection.reference_logits
+        if not self.denoising.active(targets, training):
+            return target, reference, None, None
+        content, noised, meta = self.denoising.noised(targets)
+        mask = self.denoising.attention_mask(None, ops.shape(target)[0], self.num_queries, meta)
+        target = ops.concatenate([target, ops.cast(content, target.dtype)], axis=1)
+        # float32 (the decoder's dtype for boxes): the noised boxes are not rounded.
+        reference = ops.concatenate([ops.cast(reference, "float32"), noised], axis=1)
+        return target, reference, mask, meta
+
+    def matching_part(self, x, meta):
+        """``(the matching queries' part, the denoising queries' part | None)`` of a
+        ``(B, L, Q [+ N], k)`` decoder output; the first keeps the static count ``Q`` (the
+        "ops" solver's)."""
+        if meta is None:
+            return x, None
         q = self.num_queries
-        if meta is not None:  # the matching queries, of a static count (the "ops" solver's)
-            noised_logits, noised_boxes = logits[:, :, q:], boxes[:, :, q:]
-            logits, boxes = (ops.reshape(x[:, :, :q], (-1 if x.shape[0] is None else x.shape[0],
-                                                       x.shape[1], q, x.shape[3]))
-                             for x in (logits, boxes))
-        layers = [{"pred_logits": logits[:, i], "pred_boxes": boxes[:, i]}
-                  for i in range(logits.shape[1])]
+        shape = (-1 if x.shape[0] is None else x.shape[0], x.shape[1], q, x.shape[3])
+        return ops.reshape(x[:, :, :q], shape), x[:, :, q:]
+
+    def layer_outputs(self, selection: QuerySelection, meta, per_layer: dict) -> dict:
+        """The model's outputs (see the class docstring) of the decoder's ``{key: (B, L,
+        Q [+ N], k)}`` (``pred_logits``, ``pred_boxes``, ...)."""
+        matching, noised = {}, {}
+        for key, x in per_layer.items():
+            matching[key], noised[key] = self.matching_part(ops.cast(x, "float32"), meta)
+        count = matching["pred_logits"].shape[1]
+        layers = [{key: x[:, i] for key, x in matching.items()} for i in range(count)]
         enc_boxes = ops.sigmoid(ops.cast(selection.topk_box_logits, "float32"))
         outputs = {**layers[-1], "aux_outputs": layers[:-1],
                    "enc_outputs": {"pred_logits": ops.cast(selection.topk_logits, "float32"),
                                    "pred_boxes": enc_boxes}}
         if meta is not None:
-            layers = [{"pred_logits": noised_logits[:, i], "pred_boxes": noised_boxes[:, i]}
-                      for i in range(logits.shape[1])]
+            layers = [{key: x[:, i] for key, x in noised.items()} for i in range(count)]
             outputs["denoising"] = {**layers[-1], "aux_outputs": layers[:-1], **{
                 key: meta[key] for key in ("labels", "boxes", "positive", "valid", "groups")}}
         return outputs

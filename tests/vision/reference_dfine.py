@@ -1,0 +1,126 @@
+"""transformers' D-FINE of random tiny weights, saved as transformers saves it, and its outputs.
+
+``python reference_dfine.py FOLDER`` writes, for each of `VARIANTS`:
+
+- FOLDER/NAME/: ``save_pretrained`` of a tiny ``DFineForObjectDetection`` (``config.json`` +
+  ``model.safetensors``, the layout of ``ustc-community/dfine-*-coco``) and its image
+  processor's ``preprocessor_config.json`` (input 64 x 96);
+  - ``small``: an HGNetV2 backbone with learnable affine blocks and light stages, 3 levels,
+    ``d_model`` = the encoder's width (no decoder input projections, as D-FINE S/M/L),
+    ``decoder_n_points`` [3, 6, 3], 3 decoder layers, 16 bins;
+  - ``projected``: 2 levels (AIFI on the second, as D-FINE N), a decoder narrower than the
+    encoder (projected, as D-FINE X), ``decoder_method`` ``discrete``, no affine blocks;
+- FOLDER/expected.npz, under ``NAME_``: the input ``images`` (NHWC), then in eval mode
+  ``backbone_i`` and ``encoder_i`` (each level's backbone and hybrid encoder output, NHWC), ``enc_outputs_class``,
+  ``logits``, ``pred_boxes``, the post-processed detections of two uint8 ``photos`` through
+  the processor, the model and ``post_process_object_detection`` (threshold 0, at the
+  photos' size: ``photo_scores``/``_labels``/``_boxes``), and ``margin``: the smallest gap
+  between selected and left-out scores of both top-k selections (the seed is the first whose
+  margin exceeds 5e-4, so the selections do not hang on rounding).
+
+Every BatchNorm's scale, shift and statistics, every LayerNorm and every affine block is
+randomized, and every convolution and linear layer is drawn again at the scale of its fan-in
+(reference_rtdetr.py's `randomize`; transformers' zero box and quality heads, gates and
+offsets would hide their conversion). Runs without TensorFlow (a process of its own).
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+sys.path.insert(0, os.path.dirname(__file__))
+from reference_rtdetr import margin, nhwc, randomize  # noqa: E402
+
+LABELS = {i: name for i, name in enumerate(("cat", "dog", "bird", "fish", "horse"))}
+BACKBONE = dict(stem_channels=[3, 8, 8], stage_in_channels=[8, 16, 32, 32],
+                stage_mid_channels=[8, 8, 16, 16], stage_out_channels=[16, 32, 32, 48],
+                stage_num_blocks=[1, 1, 2, 1], stage_numb_of_layers=[2, 2, 2, 2],
+                stage_kernel_size=[3, 3, 5, 5], stage_light_block=[False, False, True, True],
+                stage_downsample=[False, True, True, True], hidden_sizes=[16, 32, 32, 48],
+                embedding_size=8)
+COMMON = dict(encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+              decoder_attention_heads=4, num_queries=10, max_num_bins=16, lqe_hidden_dim=16,
+              depth_mult=0.34, hidden_expansion=0.5, num_denoising=6, id2label=LABELS)
+VARIANTS = {
+    "small": dict(backbone=dict(use_learnable_affine_block=True, out_indices=[2, 3, 4]),
+                  model=dict(encoder_hidden_dim=32, d_model=32, encoder_in_channels=[32, 32, 48],
+                             decoder_in_channels=[32, 32, 32], decoder_layers=3,
+                             decoder_n_points=[3, 6, 3])),
+    "projected": dict(backbone=dict(out_indices=[3, 4]),
+                      model=dict(encoder_hidden_dim=48, d_model=32, encoder_in_channels=[32, 48],
+                                 decoder_in_channels=[48, 48], feat_strides=[16, 32],
+                                 encode_proj_layers=[1], num_feature_levels=2,
+                                 decoder_layers=2, decoder_n_points=[4, 2],
+                                 decoder_method="discrete")),
+}
+IMAGES = (2, 64, 96)  # batch, height, width: multiples of 32
+
+
+def build(name: str, seed: int):
+    torch.manual_seed(seed)
+    variant = VARIANTS[name]
+    backbone = transformers.HGNetV2Config(**BACKBONE, **variant["backbone"])
+    config = transformers.DFineConfig(backbone_config=backbone, **COMMON, **variant["model"])
+    model = transformers.DFineForObjectDetection(config).eval()
+    randomize(model)
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module).__name__.endswith("LearnableAffineBlock"):
+                module.scale.uniform_(0.5, 1.5)
+                module.bias.normal_(0.0, 0.1)
+    return model
+
+
+def selection_margin(result, queries: int) -> float:
+    return min(margin(result.enc_outputs_class.max(-1).values.numpy(), queries),
+               margin(torch.sigmoid(result.logits).flatten(1).numpy(), queries))
+
+
+def variant_outputs(folder: str, name: str, pixels: torch.Tensor, out: dict) -> None:
+    from transformers import RTDetrImageProcessorPil
+
+    height, width = IMAGES[1:]
+    processor = RTDetrImageProcessorPil(size={"height": height, "width": width})
+    photos = np.random.default_rng(6).integers(0, 256, (2, height, width, 3), dtype=np.uint8)
+    photo_pixels = processor(images=list(photos), return_tensors="pt")["pixel_values"]
+    for seed in range(20):
+        model = build(name, seed)
+        with torch.no_grad():
+            result = model(pixel_values=pixels)
+            photo_result = model(pixel_values=photo_pixels)
+        queries = model.config.num_queries
+        smallest = min(selection_margin(result, queries), selection_margin(photo_result, queries))
+        if smallest > 5e-4:
+            break
+    model.save_pretrained(f"{folder}/{name}")
+    processor.save_pretrained(f"{folder}/{name}")
+    out[f"{name}_margin"] = np.float32(smallest)
+    with torch.no_grad():
+        for i, feature in enumerate(model.model.backbone.model(pixels).feature_maps):
+            out[f"{name}_backbone_{i}"] = nhwc(feature)
+    for i, level in enumerate(result.encoder_last_hidden_state):
+        out[f"{name}_encoder_{i}"] = nhwc(level)
+    for key in ("enc_outputs_class", "logits", "pred_boxes"):
+        out[f"{name}_{key}"] = getattr(result, key).numpy()
+    detections = processor.post_process_object_detection(
+        photo_result, threshold=0.0, target_sizes=[(height, width)] * len(photos))
+    out[f"{name}_photos"] = photos
+    for key in ("scores", "labels", "boxes"):
+        out[f"{name}_photo_{key}"] = np.stack([d[key].numpy() for d in detections])
+
+
+def main(folder: str) -> None:
+    torch.manual_seed(0)
+    batch, height, width = IMAGES
+    pixels = torch.randn(batch, 3, height, width)
+    out = {"images": nhwc(pixels)}
+    for name in VARIANTS:
+        variant_outputs(folder, name, pixels, out)
+    np.savez(f"{folder}/expected.npz", **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
