@@ -86,6 +86,8 @@ TORCH_REFERENCES = {
     "deformable_attention": ("layers/reference_deformable_attention.py", ".npz", ()),
     "rtdetr_decoder": ("vision/reference_rtdetr_decoder.py", ".npz", ()),
     "rtdetr": ("vision/reference_rtdetr.py", "", ()),
+    "hgnetv2": ("vision/reference_hgnetv2.py", ".npz", ()),
+    "dfine": ("vision/reference_dfine.py", "", ()),
 }
 
 

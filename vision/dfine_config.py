@@ -1,5 +1,5 @@
 """The arguments of a D-FINE from transformers' ``config.json`` (``DFineConfig`` with an
-``HGNetV2Config`` as ``backbone_config``), by the rule `vision.rtdetr_config` states.
+``HGNetV2Config`` as ``backbone_config``), by the rule of `vision.config_rule`.
 
 A field that transformers' ``modeling_d_fine.py`` reads (`MODEL_FIELDS`; the test checks the
 set against the installed source) is read here, or has the one value implemented (`_FIXED`:
@@ -13,7 +13,7 @@ obj2coco}``) carry the fields of ``tests/vision/test_dfine_convert.py``'s
 
 from __future__ import annotations
 
-from vision.rtdetr_config import _TRAINING, _activation, _check, _refuse
+from vision.config_rule import TRAINING_FIELDS, activation, check_fields, refuse
 
 __all__ = ["DFINE_TYPE", "MODEL_FIELDS", "dfine_settings"]
 
@@ -41,7 +41,7 @@ MODEL_FIELDS = {
 _FIXED = {"eval_size": None, "normalize_before": False, "learn_initial_query": False,
           "use_timm_backbone": False, "backbone": None, "backbone_kwargs": None,
           "two_stage": None, "add_cross_attention": False, "layer_scale": 1}
-_READ = MODEL_FIELDS - set(_FIXED) - _TRAINING
+_READ = MODEL_FIELDS - set(_FIXED) - TRAINING_FIELDS
 
 
 def dfine_settings(config: dict, file: str = "config.json") -> dict:
@@ -54,30 +54,30 @@ def dfine_settings(config: dict, file: str = "config.json") -> dict:
     from vision.hgnetv2_config import hgnetv2_settings
 
     if config.get("model_type", DFINE_TYPE) != DFINE_TYPE:
-        _refuse(file, "model_type", config["model_type"], f"is not {DFINE_TYPE!r}")
-    _check(config, MODEL_FIELDS, file, read=_READ, fixed=_FIXED)
+        refuse(file, "model_type", config["model_type"], f"is not {DFINE_TYPE!r}")
+    check_fields(config, MODEL_FIELDS, file, _READ, TRAINING_FIELDS, _FIXED)
     get = config.get
     backbone = hgnetv2_settings(get("backbone_config") or {"out_indices": [2, 3, 4]},
                                 f"{file} (backbone_config)")
     out = list(backbone["stage_out_channels"])
     channels = [out[i - 1] for i in backbone["out_indices"]]
     if list(get("encoder_in_channels", [512, 1024, 2048])) != channels:
-        _refuse(file, "encoder_in_channels", get("encoder_in_channels"),
+        refuse(file, "encoder_in_channels", get("encoder_in_channels"),
                 f"differs from the backbone's channels {channels}")
     hidden, d_model = get("encoder_hidden_dim", 256), get("d_model", 256)
     levels, layers = get("num_feature_levels", 3), get("decoder_layers", 6)
     if list(get("decoder_in_channels", [256] * 3)) != [hidden] * len(channels):
-        _refuse(file, "decoder_in_channels", get("decoder_in_channels"),
+        refuse(file, "decoder_in_channels", get("decoder_in_channels"),
                 f"is not supported (only the encoder's {[hidden] * len(channels)})")
     if levels != len(channels):
-        _refuse(file, "num_feature_levels", levels,
+        refuse(file, "num_feature_levels", levels,
                 f"is not supported (only the encoder's {len(channels)} levels)")
     if get("eval_idx", -1) not in (-1, layers - 1):
-        _refuse(file, "eval_idx", get("eval_idx"), "is not supported (only the last layer)")
+        refuse(file, "eval_idx", get("eval_idx"), "is not supported (only the last layer)")
     points = get("decoder_n_points", 4)
     points = [points] * levels if isinstance(points, int) else list(points)
     if get("decoder_method", "default") not in ("default", "discrete"):
-        _refuse(file, "decoder_method", get("decoder_method"),
+        refuse(file, "decoder_method", get("decoder_method"),
                 "is not supported (one of 'default', 'discrete')")
     encoder = dict(
         hidden_dim=hidden, num_levels=len(channels),
@@ -85,11 +85,11 @@ def dfine_settings(config: dict, file: str = "config.json") -> dict:
         num_layers=get("encoder_layers", 1),
         num_heads=get("encoder_attention_heads", get("num_attention_heads", 8)),
         ffn_dim=get("encoder_ffn_dim", 1024), dropout=float(get("dropout", 0.0)),
-        encoder_activation=_activation(file, "encoder_activation_function",
+        encoder_activation=activation(file, "encoder_activation_function",
                                        get("encoder_activation_function", "gelu")),
         layer_norm_epsilon=get("layer_norm_eps", 1e-5),
         temperature=get("positional_encoding_temperature", 10000),
-        activation=_activation(file, "activation_function", get("activation_function",
+        activation=activation(file, "activation_function", get("activation_function",
                                                                 "silu")),
         hidden_expansion=get("hidden_expansion", 1.0), epsilon=get("batch_norm_eps", 1e-5),
         num_blocks=round(3 * get("depth_mult", 1.0)))
@@ -102,7 +102,7 @@ def dfine_settings(config: dict, file: str = "config.json") -> dict:
         top_prob_values=get("top_prob_values", 4), lqe_hidden_dim=get("lqe_hidden_dim", 64),
         lqe_layers=get("lqe_layers", 2), dropout=float(get("dropout", 0.0)),
         attention_dropout=float(get("attention_dropout", 0.0)),
-        activation=_activation(file, "decoder_activation_function",
+        activation=activation(file, "decoder_activation_function",
                                get("decoder_activation_function", "relu")),
         layer_norm_epsilon=get("layer_norm_eps", 1e-5))
     model = dict(d_model=d_model, num_queries=get("num_queries", 300),

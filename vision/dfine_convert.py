@@ -97,17 +97,17 @@ def _constants(state: dict, settings: dict, used: set, where: str) -> None:
 def dfine_arrays(state: dict, settings: dict, used: set, where: str) -> dict[str, np.ndarray]:
     """``{Keras path: array}`` of a D-FINE state dict (names already saved-style); the
     names read are added to ``used``."""
+    from vision.detector_arrays import encoder_arrays, selection_arrays
     from vision.modeling.hgnetv2 import transformers_arrays as backbone_arrays
-    from vision.rtdetr_convert import _encoder_arrays, _selection_arrays
 
     state = dict(state)
     for name in [n for n in state if _DEPTHWISE.fullmatch(n)]:
-        # (C, 1, k, k) -> DepthwiseConv2D's (k, k, C, 1), passed through _conv_norm's
+        # (C, 1, k, k) -> DepthwiseConv2D's (k, k, C, 1), passed through conv_norm's
         # (out, in, kh, kw) -> (kh, kw, in, out) transpose as (1, C, k, k).
         state[name] = state[name].transpose(1, 0, 2, 3)
     _constants(state, settings["decoder"], used, where)
-    arrays = _encoder_arrays(state, settings["encoder"], used, backbone_arrays)
-    arrays.update(_selection_arrays(state, used))
+    arrays = encoder_arrays(state, settings["encoder"], used, backbone_arrays)
+    arrays.update(selection_arrays(state, used))
     arrays.update(_decoder_arrays(state, settings["decoder"], used))
     return arrays
 

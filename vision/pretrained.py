@@ -61,7 +61,7 @@ def _relative(path: str) -> str:
     """``detr/backbone/conv_0/kernel`` (an export's, a built model's) and
     ``backbone/conv_0/kernel`` (a loaded ``model.keras``'s) alike: without the model's name."""
     path = path.removesuffix(":0")
-    return path.split("/", 1)[1] if path.startswith(("detr/", "rtdetr/")) else path
+    return path.split("/", 1)[1] if path.startswith(("detr/", "rtdetr/", "dfine/")) else path
 
 
 def rtdetr_folder_config(source: str | os.PathLike) -> dict | None:

@@ -17,6 +17,8 @@ implemented is refused by name, with the file it is in.
 
 from __future__ import annotations
 
+from vision.config_rule import ACTIVATIONS, TRAINING_FIELDS, activation, check_fields, refuse
+
 __all__ = ["ACTIVATIONS", "ARCHITECTURES", "BACKBONE_FIELDS", "MODEL_FIELDS", "PROCESSOR_DEFAULTS",
            "RTDETR_TYPES", "backbone_settings", "preprocessing_settings", "rtdetr_settings"]
 
@@ -24,8 +26,6 @@ __all__ = ["ACTIVATIONS", "ARCHITECTURES", "BACKBONE_FIELDS", "MODEL_FIELDS", "P
 # and DFineForObjectDetection (`vision.dfine_config`), the real-time DETR family.
 RTDETR_TYPES = ("rt_detr", "rt_detr_v2", "d_fine")
 
-ACTIVATIONS = {"relu": "relu", "silu": "silu", "swish": "silu", "gelu": "gelu",
-               "tanh": "tanh", "sigmoid": "sigmoid"}
 # Every field modeling_rt_detr.py and modeling_rt_detr_v2.py read from their config
 # (tests/vision/test_rtdetr_convert.py
 # checks the set against the installed source), and those of the backbone's config
@@ -56,39 +56,7 @@ _FIXED = {"eval_size": None, "normalize_before": False, "learn_initial_query": F
           "decoder_method": "default", "decoder_offset_scale": 0.5,
           "use_timm_backbone": False, "backbone": None, "backbone_kwargs": None,
           "two_stage": None, "add_cross_attention": False}
-# Training only (the losses, the matcher, initialization), or no effect on the
-# outputs (custom kernels, what is returned; BatchNorm frozen or not: the same in inference;
-# anchor_image_size: transformers' anchors for that input size, which equal the ones of the
-# actual maps wherever its model runs).
-_TRAINING = {"auxiliary_loss", "initializer_bias_prior_prob", "initializer_range",
-             "disable_custom_kernels",
-             "output_attentions", "freeze_backbone_batch_norms", "use_pretrained_backbone",
-             "two_stage_num_proposals", "with_box_refine", "anchor_image_size",
-             "feat_strides", "output_hidden_states", "return_dict"}
-_READ = (MODEL_FIELDS | BACKBONE_FIELDS) - set(_FIXED) - _TRAINING
-
-
-def _refuse(file: str, field: str, value, why: str):
-    raise ValueError(f"{file}: {field}={value!r} {why}")
-
-
-def _check(fields: dict, known: set, file: str, read: set = _READ,
-           training: set = _TRAINING, fixed: dict = _FIXED) -> None:
-    """Refuses a field of ``known`` (the modeling code's) that is neither ``read``, nor
-    ``training``-only, nor of its one ``fixed`` value (None counts as the default)."""
-    for field, value in sorted(fields.items()):
-        if field in fixed and value != fixed[field] and not (
-                value is None or (field == "backbone_kwargs" and value == {})):
-            _refuse(file, field, value, f"is not supported (only {fixed[field]!r})")
-        if field in known and field not in read | training | set(fixed):
-            _refuse(file, field, value, "is not implemented by this conversion (refused "
-                                        "rather than ignored)")
-
-
-def _activation(file: str, field: str, value: str) -> str:
-    if value not in ACTIVATIONS:
-        _refuse(file, field, value, f"is not supported (one of {sorted(ACTIVATIONS)})")
-    return ACTIVATIONS[value]
+_READ = (MODEL_FIELDS | BACKBONE_FIELDS) - set(_FIXED) - TRAINING_FIELDS
 
 
 def backbone_settings(backbone: dict, file: str = "config.json") -> dict:
@@ -100,9 +68,9 @@ def backbone_settings(backbone: dict, file: str = "config.json") -> dict:
         ValueError: another backbone type or an unsupported field (named with ``file``).
     """
     if backbone.get("model_type", "rt_detr_resnet") != "rt_detr_resnet":
-        _refuse(file, "model_type", backbone["model_type"],
+        refuse(file, "model_type", backbone["model_type"],
                 "is not supported (only 'rt_detr_resnet')")
-    _check(backbone, BACKBONE_FIELDS, file)
+    check_fields(backbone, BACKBONE_FIELDS, file, _READ, TRAINING_FIELDS, _FIXED)
     depths = list(backbone.get("depths", [3, 4, 6, 3]))
     stages = ["stem"] + [f"stage{i}" for i in range(1, len(depths) + 1)]
     out = backbone.get("out_indices") or [stages.index(name) for name in
@@ -111,7 +79,7 @@ def backbone_settings(backbone: dict, file: str = "config.json") -> dict:
         depths=depths, hidden_sizes=list(backbone.get("hidden_sizes", [256, 512, 1024, 2048])),
         embedding_size=backbone.get("embedding_size", 64),
         layer_type=backbone.get("layer_type", "bottleneck"),
-        activation=_activation(file, "hidden_act", backbone.get("hidden_act", "relu")),
+        activation=activation(file, "hidden_act", backbone.get("hidden_act", "relu")),
         downsample_in_bottleneck=bool(backbone.get("downsample_in_bottleneck", False)),
         downsample_in_first_stage=bool(backbone.get("downsample_in_first_stage", False)),
         out_indices=list(out))
@@ -129,8 +97,8 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
 
         return dfine_settings(config, file)
     if config.get("model_type", "rt_detr") not in RTDETR_TYPES:
-        _refuse(file, "model_type", config["model_type"], f"is not one of {RTDETR_TYPES}")
-    _check(config, MODEL_FIELDS, file)
+        refuse(file, "model_type", config["model_type"], f"is not one of {RTDETR_TYPES}")
+    check_fields(config, MODEL_FIELDS, file, _READ, TRAINING_FIELDS, _FIXED)
     get = config.get
     backbone_kwargs = backbone_settings(get("backbone_config") or {"out_indices": [2, 3, 4]},
                                         f"{file} (backbone_config)")
@@ -138,18 +106,18 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
     channels = [sizes[i] for i in backbone_kwargs["out_indices"]]
     hidden = get("encoder_hidden_dim", 256)
     if list(get("encoder_in_channels", [512, 1024, 2048])) != channels:
-        _refuse(file, "encoder_in_channels", get("encoder_in_channels"),
+        refuse(file, "encoder_in_channels", get("encoder_in_channels"),
                 f"differs from the backbone's channels {channels}")
     if list(get("decoder_in_channels", [256] * 3)) != [hidden] * len(channels):
-        _refuse(file, "decoder_in_channels", get("decoder_in_channels"),
+        refuse(file, "decoder_in_channels", get("decoder_in_channels"),
                 f"is not supported (only the encoder's {[hidden] * len(channels)})")
     d_model = get("d_model", 256)
     levels = get("num_feature_levels", 3)
     if get("decoder_n_levels", levels) != levels:
-        _refuse(file, "decoder_n_levels", get("decoder_n_levels"),
+        refuse(file, "decoder_n_levels", get("decoder_n_levels"),
                 f"is not supported (only num_feature_levels, {levels})")
     if levels > len(channels) + 1 and d_model != hidden:
-        _refuse(file, "num_feature_levels", levels, "is not supported with d_model "
+        refuse(file, "num_feature_levels", levels, "is not supported with d_model "
                 "!= encoder_hidden_dim beyond one extra level")
     dropout = float(get("dropout", 0.0))
     encoder = dict(
@@ -159,11 +127,11 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
         num_heads=get("encoder_attention_heads", get("num_attention_heads", 8)),
         ffn_dim=get("encoder_ffn_dim", 1024), dropout=dropout,
         activation_dropout=float(get("activation_dropout", 0.0)),
-        encoder_activation=_activation(file, "encoder_activation_function",
+        encoder_activation=activation(file, "encoder_activation_function",
                                        get("encoder_activation_function", "gelu")),
         layer_norm_epsilon=get("layer_norm_eps", 1e-5),
         temperature=get("positional_encoding_temperature", 10000),
-        activation=_activation(file, "activation_function", get("activation_function",
+        activation=activation(file, "activation_function", get("activation_function",
                                                                 "silu")),
         hidden_expansion=get("hidden_expansion", 1.0), epsilon=get("batch_norm_eps", 1e-5))
     decoder = dict(
@@ -172,7 +140,7 @@ def rtdetr_settings(config: dict, file: str = "config.json") -> dict:
         num_levels=levels, dropout=dropout,
         attention_dropout=float(get("attention_dropout", 0.0)),
         activation_dropout=float(get("activation_dropout", 0.0)),
-        activation=_activation(file, "decoder_activation_function",
+        activation=activation(file, "decoder_activation_function",
                                get("decoder_activation_function", "relu")),
         layer_norm_epsilon=get("layer_norm_eps", 1e-5))
     model = dict(d_model=d_model, num_queries=get("num_queries", 300),
@@ -207,22 +175,22 @@ def preprocessing_settings(processor: dict | None,
     """
     fields = {**PROCESSOR_DEFAULTS, **(processor or {})}
     if fields["do_resize"] is not True:
-        _refuse(file, "do_resize", fields["do_resize"], "is not supported (the model's input "
+        refuse(file, "do_resize", fields["do_resize"], "is not supported (the model's input "
                 "size must be fixed: only true)")
     size = fields["size"]
     if not isinstance(size, dict) or set(size) != {"height", "width"} or not all(
             isinstance(v, int) and v > 0 for v in size.values()):
-        _refuse(file, "size", size, "is not supported (only {'height': H, 'width': W})")
+        refuse(file, "size", size, "is not supported (only {'height': H, 'width': W})")
     if fields["resample"] != _BILINEAR:
-        _refuse(file, "resample", fields["resample"], "is not supported (only 2, bilinear)")
+        refuse(file, "resample", fields["resample"], "is not supported (only 2, bilinear)")
     if fields["do_pad"]:
-        _refuse(file, "do_pad", fields["do_pad"], "is not supported (only false)")
+        refuse(file, "do_pad", fields["do_pad"], "is not supported (only false)")
     rescale = float(fields["rescale_factor"]) if fields["do_rescale"] else 1.0
     mean = std = None
     if fields["do_normalize"]:
         mean, std = (tuple(float(v) for v in fields[key]) for key in ("image_mean", "image_std"))
         if len(mean) != 3 or len(std) != 3 or not all(v > 0 for v in std):
-            _refuse(file, "image_std" if len(mean) == 3 else "image_mean",
+            refuse(file, "image_std" if len(mean) == 3 else "image_mean",
                     fields["image_std" if len(mean) == 3 else "image_mean"],
                     "is not supported (3 values, std > 0)")
     return dict(height=size["height"], width=size["width"], rescale=rescale, mean=mean,

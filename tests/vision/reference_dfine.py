@@ -11,9 +11,10 @@
   - ``projected``: 2 levels (AIFI on the second, as D-FINE N), a decoder narrower than the
     encoder (projected, as D-FINE X), ``decoder_method`` ``discrete``, no affine blocks;
 - FOLDER/expected.npz, under ``NAME_``: the input ``images`` (NHWC), then in eval mode
-  ``backbone_i`` and ``encoder_i`` (each level's backbone and hybrid encoder output, NHWC), ``enc_outputs_class``,
-  ``logits``, ``pred_boxes``, the post-processed detections of two uint8 ``photos`` through
-  the processor, the model and ``post_process_object_detection`` (threshold 0, at the
+  ``backbone_i`` and ``encoder_i`` (each level's backbone and hybrid encoder output, NHWC),
+  ``enc_outputs_class``, ``logits``, ``pred_boxes``, the post-processed detections of two
+  uint8 ``photos`` through the processor, the model and ``post_process_object_detection``
+  (threshold 0, at the
   photos' size: ``photo_scores``/``_labels``/``_boxes``), and ``margin``: the smallest gap
   between selected and left-out scores of both top-k selections (the seed is the first whose
   margin exceeds 5e-4, so the selections do not hang on rounding).
@@ -113,6 +114,7 @@ def variant_outputs(folder: str, name: str, pixels: torch.Tensor, out: dict) -> 
 
 
 def main(folder: str) -> None:
+    os.makedirs(folder, exist_ok=True)
     torch.manual_seed(0)
     batch, height, width = IMAGES
     pixels = torch.randn(batch, 3, height, width)

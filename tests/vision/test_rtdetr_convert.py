@@ -152,7 +152,7 @@ def test_every_field_rt_detr_modeling_reads_is_read_fixed_or_training_only():
         assert read, "no config field found: the pattern no longer fits the source"
         assert read <= fields, sorted(read - fields)
     every = rtdetr_config.MODEL_FIELDS | rtdetr_config.BACKBONE_FIELDS
-    assert every <= (rtdetr_config._READ | rtdetr_config._TRAINING
+    assert every <= (rtdetr_config._READ | rtdetr_config.TRAINING_FIELDS
                      | set(rtdetr_config._FIXED))
 
 

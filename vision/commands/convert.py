@@ -4,7 +4,8 @@ CHECKPOINT is
 
 - a transformers folder (``config.json`` + ``model.safetensors``, what ``save_pretrained``
   writes and the Hub holds) of ``RTDetrForObjectDetection`` (``PekingU/rtdetr_r50vd`` and
-  kin: RT-DETR, its image processor's ``preprocessor_config.json`` read where present) or of
+  kin: RT-DETR, v2 too), of ``DFineForObjectDetection`` (``ustc-community/dfine-*``: D-FINE),
+  their image processor's ``preprocessor_config.json`` read where present, or of
   ``DetrForObjectDetection`` (``facebook/detr-resnet-50`` or ``-101``); no torch needed;
 - a facebookresearch/detr ``.pth`` (``detr-r50-e632da11.pth``, ``detr-r101-...``; reading it
   needs torch), or a transformers DETR ``model.safetensors`` with its ``config.json`` beside
@@ -55,9 +56,13 @@ def command(argv=None) -> int:
         model = load_rtdetr(args.checkpoint, "checkpoint")
         size = FixedSize(**model.preprocessing)
         decoder = model.decoder
-        print(f"read {args.checkpoint}: RT-DETR, {len(model.backbone.depths)}-stage ResNet-vd "
-              f"backbone, {decoder.num_layers} decoder layers, {model.num_queries} queries, "
-              f"{model.num_classes} classes, {size.height}x{size.width} input")
+        from vision.modeling.dfine import DFine
+
+        family = ("D-FINE, HGNetV2" if isinstance(model, DFine) else
+                  f"RT-DETR, {len(model.backbone.depths)}-stage ResNet-vd")
+        print(f"read {args.checkpoint}: {family} backbone, {decoder.num_layers} decoder layers, "
+              f"{model.num_queries} queries, {model.num_classes} classes, "
+              f"{size.height}x{size.width} input")
         image_size, max_size = size, None
     else:
         from vision.pretrained import load_reference_checkpoint
