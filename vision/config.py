@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from tfx_transformer import checks
+from vision.dfine_config import ARCHITECTURES as DFINE_ARCHITECTURES
 from vision.matching.assignment import SOLVERS
 from vision.modeling.backbone import BACKBONES, TINY_NORMS
 from vision.modeling.queries import query_layer_class
@@ -305,13 +306,20 @@ PRESETS: dict[str, DetrConfig] = {
     ),
     **{f"rtdetr-{size}": DetrConfig(name=f"rtdetr-{size}", rtdetr=RTDETR_ARCHITECTURES[size],
                                     **_RTDETR_TRAINING) for size in ("r101", "r50", "r34", "r18")},
-    # RT-DETR at `tiny`'s size and training settings (128 px, 20 queries, batch 16,
-    # learning rate 2e-4, the backbone trained from scratch at the full rate, flips).
-    "rtdetr-tiny": DetrConfig(name="rtdetr-tiny", rtdetr=RTDETR_ARCHITECTURES["tiny"], **{
+    # RT-DETR and D-FINE at `tiny`'s size and training settings (128 px, 20 queries, batch
+    # 16, learning rate 2e-4, the backbone trained from scratch at the full rate, flips).
+    **{f"{family}-tiny": DetrConfig(name=f"{family}-tiny", rtdetr=architectures["tiny"], **{
         **_RTDETR_TRAINING, **{k: _TINY[k] for k in (
             "num_queries", "learning_rate", "batch_size", "image_size", "max_image_size",
             "epochs", "lr_drop_epochs", "lr_drop_fraction")},
-        "backbone_lr_multiplier": 1.0, "augmentation": "flip"}),
+        "backbone_lr_multiplier": 1.0, "augmentation": "flip"})
+       for family, architectures in (("rtdetr", RTDETR_ARCHITECTURES),
+                                     ("dfine", DFINE_ARCHITECTURES))},
+    # D-FINE (`vision.modeling.dfine`; the real-time DETR family, so architecture "rtdetr"
+    # with a d_fine config), nano to x-large as published, with RT-DETR's training settings;
+    # dfine-tiny (above) is its CPU size, trained as rtdetr-tiny.
+    **{f"dfine-{size}": DetrConfig(name=f"dfine-{size}", rtdetr=DFINE_ARCHITECTURES[size],
+                                   **_RTDETR_TRAINING) for size in ("x", "l", "m", "s", "n")},
 }
 
 

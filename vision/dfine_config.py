@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from vision.config_rule import TRAINING_FIELDS, activation, check_fields, refuse
 
-__all__ = ["DFINE_TYPE", "MODEL_FIELDS", "dfine_settings"]
+__all__ = ["ARCHITECTURES", "DFINE_TYPE", "MODEL_FIELDS", "dfine_settings"]
 
 DFINE_TYPE = "d_fine"
 
@@ -113,3 +113,44 @@ def dfine_settings(config: dict, file: str = "config.json") -> dict:
                  box_noise_scale=float(get("box_noise_scale", 1.0)))
     return dict(family=DFINE_TYPE, backbone=backbone, encoder=encoder, decoder=decoder,
                 model=model)
+
+
+# The architectures of the D-FINE presets (`vision.config.PRESETS`), as config.json fields:
+# the published ones as transformers' conversion script
+# (convert_d_fine_original_pytorch_checkpoint_to_hf.py) sets them. The backbones: HGNetV2 B0
+# (N, S), B2 (M), B4 (L; transformers' HGNetV2Config defaults) and B5 (X).
+_B0 = {"model_type": "hgnet_v2", "stem_channels": [3, 16, 16],
+       "stage_in_channels": [16, 64, 256, 512], "stage_mid_channels": [16, 32, 64, 128],
+       "stage_out_channels": [64, 256, 512, 1024], "stage_num_blocks": [1, 1, 2, 1],
+       "stage_numb_of_layers": [3, 3, 3, 3], "use_learnable_affine_block": True,
+       "hidden_sizes": [64, 256, 512, 1024], "out_indices": [2, 3, 4]}
+_S = {"model_type": DFINE_TYPE, "backbone_config": _B0, "decoder_layers": 3,
+      "hidden_expansion": 0.5, "depth_mult": 0.34, "decoder_n_points": [3, 6, 3],
+      "encoder_in_channels": [256, 512, 1024]}
+_N = {**_S, "backbone_config": {**_B0, "out_indices": [3, 4]}, "num_feature_levels": 2,
+      "encoder_ffn_dim": 512, "encode_proj_layers": [1], "d_model": 128,
+      "encoder_hidden_dim": 128, "decoder_ffn_dim": 512, "encoder_in_channels": [512, 1024],
+      "decoder_n_points": [6, 6], "decoder_in_channels": [128, 128], "feat_strides": [16, 32],
+      "depth_mult": 0.5, "hidden_expansion": 0.34}
+_M = {"model_type": DFINE_TYPE, "backbone_config": {
+    "model_type": "hgnet_v2", "stem_channels": [3, 24, 32],
+    "stage_in_channels": [32, 96, 384, 768], "stage_mid_channels": [32, 64, 128, 256],
+    "stage_out_channels": [96, 384, 768, 1536], "stage_numb_of_layers": [4, 4, 4, 4],
+    "use_learnable_affine_block": True, "hidden_sizes": [96, 384, 768, 1536],
+    "out_indices": [2, 3, 4]},
+    "decoder_layers": 4, "decoder_n_points": [3, 6, 3], "encoder_in_channels": [384, 768, 1536],
+    "depth_mult": 0.67, "hidden_expansion": 1.0}
+_L = {"model_type": DFINE_TYPE, "backbone_config": {"model_type": "hgnet_v2",
+                                                    "out_indices": [2, 3, 4]},
+      "decoder_layers": 6, "decoder_n_points": [3, 6, 3], "hidden_expansion": 1.0}
+_X = {**_L, "backbone_config": {
+    "model_type": "hgnet_v2", "stem_channels": [3, 32, 64],
+    "stage_in_channels": [64, 128, 512, 1024], "stage_mid_channels": [64, 128, 256, 512],
+    "stage_num_blocks": [1, 2, 5, 2], "out_indices": [2, 3, 4]},
+    "encoder_hidden_dim": 384, "encoder_ffn_dim": 2048, "decoder_in_channels": [384] * 3}
+# D-FINE at rtdetr-tiny's size for CPU runs: S's backbone (HGNetV2 B0, 3 levels) with N's
+# 128-wide encoder and decoder, 8 denoising queries as rtdetr-tiny.
+_TINY = {**_S, "encoder_hidden_dim": 128, "d_model": 128, "encoder_ffn_dim": 512,
+         "decoder_ffn_dim": 512, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+         "decoder_in_channels": [128] * 3, "num_denoising": 8}
+ARCHITECTURES = {"n": _N, "s": _S, "m": _M, "l": _L, "x": _X, "tiny": _TINY}

@@ -113,6 +113,44 @@ def variant_outputs(folder: str, name: str, pixels: torch.Tensor, out: dict) -> 
         out[f"{name}_photo_{key}"] = np.stack([d[key].numpy() for d in detections])
 
 
+def loss_outputs(out: dict) -> None:
+    """transformers' ``DFineLoss.loss_local`` (FGL and DDF) of random edge logits, boxes and
+    a given matching: ``loss_*`` (inputs, NHWC-free) and ``loss_fgl`` / ``loss_ddf``. Boxes
+    of both sides are drawn so that some edges fall beyond the outermost offsets."""
+    from transformers.loss.loss_d_fine import DFineLoss
+
+    config = transformers.DFineConfig(num_labels=5, max_num_bins=16)
+    criterion = DFineLoss(config)
+    generator = torch.Generator().manual_seed(11)
+    batch, queries, bins = 2, 7, config.max_num_bins + 1
+
+    def boxes(*shape):
+        centre = torch.rand(*shape, 2, generator=generator) * 0.6 + 0.2
+        side = torch.rand(*shape, 2, generator=generator) * 0.4 + 0.05
+        return torch.cat([centre, side], -1)
+
+    corners = torch.randn(batch, queries, 4 * bins, generator=generator) * 2
+    outputs = {"pred_corners": corners, "ref_points": boxes(batch, queries),
+               "pred_boxes": boxes(batch, queries),
+               "teacher_corners": torch.randn(batch, queries, 4 * bins, generator=generator),
+               "teacher_logits": torch.randn(batch, queries, 5, generator=generator)}
+    counts = (3, 2)
+    targets = [{"boxes": boxes(n), "class_labels": torch.zeros(n, dtype=torch.long)}
+               for n in counts]
+    indices = [(torch.tensor([4, 0, 6]), torch.tensor([1, 2, 0])),
+               (torch.tensor([2, 5]), torch.tensor([1, 0]))]
+    losses = criterion.loss_local(outputs, targets, indices, float(sum(counts)))
+    for key, value in outputs.items():
+        out[f"loss_{key}"] = value.numpy()
+    out["loss_targets"] = np.zeros((batch, max(counts), 4), "float32")
+    out["loss_matches"] = np.full((batch, queries), -1, "int32")  # each query's target
+    for i, (target, (source, index)) in enumerate(zip(targets, indices)):
+        out["loss_targets"][i, :len(target["boxes"])] = target["boxes"].numpy()
+        out["loss_matches"][i, source.numpy()] = index.numpy()
+    for key in ("loss_fgl", "loss_ddf"):
+        out[key] = np.float32(losses[key])
+
+
 def main(folder: str) -> None:
     os.makedirs(folder, exist_ok=True)
     torch.manual_seed(0)
@@ -121,6 +159,7 @@ def main(folder: str) -> None:
     out = {"images": nhwc(pixels)}
     for name in VARIANTS:
         variant_outputs(folder, name, pixels, out)
+    loss_outputs(out)
     np.savez(f"{folder}/expected.npz", **out)
 
 

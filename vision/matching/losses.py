@@ -178,11 +178,20 @@ class SetCriterion:
                 ops.tile(valid, [1, k]), num_boxes * k, "outputs['enc_outputs']",
             )
             losses.update({f"{name}_enc": value for name, value in enc_losses.items()})
+        if "pre_outputs" in outputs:  # D-FINE: the first layer's boxes before refinement
+            pre = self._layer_losses(outputs["pre_outputs"], labels, boxes, valid, num_boxes,
+                                     "outputs['pre_outputs']")
+            losses.update({f"{name}_pre": value for name, value in pre.items()})
         if "denoising" in outputs:  # noised targets, each query knowing its own
             dn = outputs["denoising"]
             normalizer = num_boxes * ops.cast(dn["groups"], "float32")
-            losses.update(_tagged(self._decoder_losses(
-                dn, lambda layer, i: self._denoising_losses({**dn, **layer}, normalizer)), "dn"))
+            dn_losses = self._decoder_losses(
+                dn, lambda layer, i: self._denoising_losses({**dn, **layer}, normalizer))
+            if "pre_outputs" in dn:
+                known = {key: dn[key] for key in ("labels", "boxes", "positive", "valid")}
+                pre = self._denoising_losses({**known, **dn["pre_outputs"]}, normalizer)
+                dn_losses.update({f"{name}_pre": value for name, value in pre.items()})
+            losses.update(_tagged(dn_losses, "dn"))
         total = ops.zeros((), "float32")
         for name, value in losses.items():
             weight = self._weight(name)
@@ -194,8 +203,8 @@ class SetCriterion:
     def _weight(self, name: str) -> float:
         if name in self.weight_dict:
             return float(self.weight_dict[name])
-        # loss_ce_3, loss_ce_enc, loss_ce_o2m, loss_ce_o2m_3 -> loss_ce
-        base = re.sub(r"(_o2m|_dn)?(_\d+|_enc)?$", "", name)
+        # loss_ce_3, loss_ce_enc, loss_ce_o2m, loss_ce_o2m_3, loss_vfl_dn_pre -> loss_ce/vfl
+        base = re.sub(r"(_o2m|_dn)?(_\d+|_enc|_pre)?$", "", name)
         return float(self.weight_dict.get(base, 0.0))
 
     def _decoder_losses(self, outputs: dict, layer_losses) -> dict:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from vision.matching.matcher import HungarianMatcher
 from vision.modeling.rtdetr import RTDetr
 
-__all__ = ["DFine"]
+__all__ = ["DFine", "dfine_criterion"]
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -44,6 +45,15 @@ class DFine(RTDetr):
         ``"ref_points"`` ``(B, Q, 4)``; with denoising queries, ``"denoising"`` holds
         theirs likewise.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # The last layer's FGL too (DDF is the earlier layers' only).
+        self.loss_trackers.append(keras.metrics.Mean(name="loss_fgl"))
+
+    def default_criterion(self):
+        """`dfine_criterion` for this model's classes and decoder."""
+        return dfine_criterion(self.num_classes, self.decoder)
 
     def _input_projection(self, level: int) -> keras.layers.Layer:
         if self.d_model == self.encoder.hidden_dim:
@@ -74,3 +84,20 @@ class DFine(RTDetr):
             outputs["denoising"]["ref_points"] = noised.pop("ref_points")
             outputs["denoising"]["pre_outputs"] = noised
         return outputs
+
+
+def dfine_criterion(num_classes: int, decoder, solver: str = "scipy", aux_loss: bool = True,
+                    weights: dict | None = None,
+                    costs: tuple[float, float, float] = (2.0, 5.0, 2.0)):
+    """D-FINE's set criterion (transformers' ``DFineConfig`` defaults): RT-DETR's matcher and
+    varifocal / L1 / GIoU losses plus FGL and DDF on the edge distributions of ``decoder``
+    (a `DFineDecoder`), weighted 1 / 5 / 2 / 0.15 / 1.5 (`weights` replaces them); see
+    `vision.matching.fdr_losses`."""
+    from vision.matching.fdr_losses import DFineCriterion
+
+    matcher = HungarianMatcher(*costs, solver=solver, classification="focal", alpha=0.25,
+                               gamma=2.0)
+    kwargs = {} if weights is None else {"weight_dict": weights}
+    return DFineCriterion(num_classes, matcher, max_num_bins=decoder.max_num_bins,
+                          reg_scale=decoder.reg_scale, up=decoder.up, aux_loss=aux_loss,
+                          focal_alpha=0.75, focal_gamma=2.0, **kwargs)

@@ -98,7 +98,8 @@ class SetLossModel(OptimizerBuiltFirst, keras.Model):
         num_boxes = replica_sum(self.criterion.count_boxes(y)) / replicas
         losses = self.criterion(y_pred, y, num_boxes=num_boxes)
         for tracker in self.loss_trackers:
-            tracker.update_state(losses[tracker.name])
+            if tracker.name in losses:  # a criterion without that term leaves it alone
+                tracker.update_state(losses[tracker.name])
         loss = losses["loss"]
         for extra in self.losses:  # regularization losses, if any
             loss = loss + ops.cast(extra, loss.dtype)

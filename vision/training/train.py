@@ -243,9 +243,10 @@ def _folder_scaling(folder) -> dict:
 
 def build_rtdetr_model(config: DetrConfig, num_classes: int):
     """The built `RTDetr` of an ``architecture="rtdetr"`` config (its ``rtdetr`` fields with
-    the config's ``num_queries`` and ``dropout``) and its `rtdetr_criterion` (the config's
-    matcher costs, solver, auxiliary losses and weights, ``loss_ce`` weighting the varifocal
-    loss)."""
+    the config's ``num_queries`` and ``dropout``; a `DFine` for a D-FINE's) and its
+    `rtdetr_criterion` (the config's matcher costs, solver, auxiliary losses and weights,
+    ``loss_ce`` weighting the varifocal loss; `dfine_criterion` with FGL and DDF for D-FINE)."""
+    from vision.modeling.dfine import DFine, dfine_criterion
     from vision.rtdetr_config import rtdetr_settings
     from vision.rtdetr_convert import build_rtdetr
 
@@ -253,9 +254,14 @@ def build_rtdetr_model(config: DetrConfig, num_classes: int):
     model = build_rtdetr(rtdetr_settings(fields, f"preset {config.name}: rtdetr"), num_classes)
     weights = {"loss_vfl": config.loss_ce, "loss_bbox": config.loss_bbox,
                "loss_giou": config.loss_giou}
+    costs = (config.cost_class, config.cost_bbox, config.cost_giou)
+    if isinstance(model, DFine):  # and D-FINE's localization losses, at its config's weights
+        weights.update(loss_fgl=float(fields.get("weight_loss_fgl", 0.15)),
+                       loss_ddf=float(fields.get("weight_loss_ddf", 1.5)))
+        return model, dfine_criterion(num_classes, model.decoder, solver=config.matcher_solver,
+                                      aux_loss=config.aux_loss, weights=weights, costs=costs)
     criterion = rtdetr_criterion(num_classes, solver=config.matcher_solver,
-                                 aux_loss=config.aux_loss, weights=weights,
-                                 costs=(config.cost_class, config.cost_bbox, config.cost_giou))
+                                 aux_loss=config.aux_loss, weights=weights, costs=costs)
     return model, criterion
 
 
