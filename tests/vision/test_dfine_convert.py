@@ -137,6 +137,9 @@ def test_the_published_large_config_reads_to_its_architecture():
     backbone = settings["backbone"]
     assert (backbone["stage_out_channels"], backbone["out_indices"]) == \
         ([128, 512, 1024, 2048], [2, 3, 4])
+    from vision.config import preset
+
+    assert rtdetr_config.rtdetr_settings(preset("dfine-l").rtdetr) == settings
 
 
 @pytest.mark.parametrize("field, value, message", [
