@@ -28,6 +28,11 @@ register_lazily({f"vision>{name}": f"vision.{module}" for module, names in {
     "modeling.rtdetr_backbone": ("RTDetrResNetBackbone",),
     "modeling.hybrid_encoder": ("ConvNorm", "CSPRepLayer", "HybridEncoder", "RepVggBlock"),
     "modeling.rtdetr_decoder": ("RTDetrDecoder", "RTDetrDecoderLayer"),
+    "modeling.dfine": ("DFine",),
+    "modeling.hgnetv2": ("HGNetV2Backbone",),
+    "modeling.dfine_encoder": ("DFineHybridEncoder", "RepNCSPELAN4", "SCDown"),
+    "modeling.dfine_decoder": ("DFineDecoder", "DFineDecoderLayer"),
+    "matching.fdr_losses": ("DFineCriterion",),
 }.items() for name in names})
 
 __all__: list[str] = []
