@@ -1,7 +1,13 @@
-"""RT-DETR inference and training steps: ours against transformers' RTDetrForObjectDetection.
+"""RT-DETR and D-FINE inference and training steps: ours against transformers'
+RTDetrForObjectDetection / DFineForObjectDetection.
 
     python benchmarks/rtdetr_peer.py [--repeats 5] [--only r18,r50] [--batches 1,4]
     python benchmarks/rtdetr_peer.py --train [--repeats 5] [--only tiny,r18] [--denoising]
+    python benchmarks/rtdetr_peer.py --family dfine [--only s] / --train [--only tiny,s]
+
+``--family dfine``: the same with D-FINE (the published configurations of our ``dfine-*``
+presets, `vision.dfine_config.ARCHITECTURES`, built by transformers from those config.json
+fields; ``tiny`` the ``dfine-tiny`` preset's), its criterion with FGL and DDF on our side.
 
 Needs the ``[reference]`` extra (torch, transformers). For each size, transformers builds the
 ``RTDetrForObjectDetection`` of ``PekingU/rtdetr_r18vd`` / ``rtdetr_r50vd``'s configuration
@@ -46,7 +52,13 @@ import time
 import numpy as np
 import torch
 import transformers
-from transformers import RTDetrConfig, RTDetrForObjectDetection, RTDetrImageProcessorPil
+from transformers import (
+    DFineConfig,
+    DFineForObjectDetection,
+    RTDetrConfig,
+    RTDetrForObjectDetection,
+    RTDetrImageProcessorPil,
+)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -76,8 +88,30 @@ def alternate(fns: dict, repeats: int) -> dict:
             "ratio": statistics.median(a / b for a, b in zip(ours, peer))}
 
 
-def peer_model(size: str, folder: str) -> RTDetrForObjectDetection:
-    """The size's RT-DETR of random weights (seed 0), saved to ``folder``.
+def peer_config(family: str, size: str, classes: int):
+    """transformers' config of a size (``tiny``: the family's tiny preset's)."""
+    if family == "dfine":
+        from vision.dfine_config import ARCHITECTURES
+
+        fields = {key: value for key, value in ARCHITECTURES[size].items()
+                  if key != "model_type"}
+        backbone = transformers.HGNetV2Config(**fields.pop("backbone_config"))
+        queries = {"num_queries": 20} if size == "tiny" else {}
+        return DFineConfig(backbone_config=backbone, num_labels=classes, **queries, **fields)
+    if size == "tiny":
+        from vision.config import preset
+
+        tiny = preset("rtdetr-tiny")
+        return RTDetrConfig(**{**tiny.rtdetr, "num_queries": tiny.num_queries,
+                               "num_labels": classes})
+    settings = SIZES[size]
+    backbone = transformers.RTDetrResNetConfig(**settings["backbone"])
+    return RTDetrConfig(backbone_config=backbone, num_labels=classes, **settings["model"])
+
+
+def peer_model(size: str, folder: str, family: str = "rtdetr", classes: int = 80,
+               randomize: bool = True):
+    """The size's model of the family (random weights, seed 0), saved to ``folder``.
 
     transformers' own initialization leaves the class head's scores of many encoder cells
     exactly equal (constant weights), which makes the top-300 selection a tie-break; every
@@ -85,12 +119,11 @@ def peer_model(size: str, folder: str) -> RTDetrForObjectDetection:
     parameters and statistics randomized (as tests/vision/reference_rtdetr.py does), so that
     the two implementations select the same queries."""
     torch.manual_seed(0)
-    settings = SIZES[size]
-    backbone = transformers.RTDetrResNetConfig(**settings["backbone"])
-    config = RTDetrConfig(backbone_config=backbone, num_labels=80, **settings["model"])
-    model = RTDetrForObjectDetection(config).eval()
+    config = peer_config(family, size, classes)
+    model = (DFineForObjectDetection if family == "dfine" else RTDetrForObjectDetection)(
+        config).eval()
     with torch.no_grad():
-        for path, module in model.named_modules():
+        for path, module in model.named_modules() if randomize else ():
             gain = 2.0 if ".backbone." in f".{path}" else 1.0
             if isinstance(module, torch.nn.BatchNorm2d):
                 module.weight.uniform_(0.5, 1.5)
@@ -110,7 +143,8 @@ def peer_model(size: str, folder: str) -> RTDetrForObjectDetection:
     return model
 
 
-def size_cases(size: str, batches: list[int], repeats: int) -> list[tuple[str, dict, int]]:
+def size_cases(size: str, batches: list[int], repeats: int, family: str = "rtdetr"
+               ) -> list[tuple[str, dict, int]]:
     import tensorflow as tf
 
     from vision.commands.convert import main as convert
@@ -118,7 +152,7 @@ def size_cases(size: str, batches: list[int], repeats: int) -> list[tuple[str, d
     processor = RTDetrImageProcessorPil()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        peer = peer_model(size, os.path.join(tmp, "hf"))
+        peer = peer_model(size, os.path.join(tmp, "hf"), family)
         params = sum(p.numel() for p in peer.parameters())
         start = time.perf_counter()
         assert convert([os.path.join(tmp, "hf"), "--out", os.path.join(tmp, "ours")]) == 0
@@ -146,39 +180,29 @@ def size_cases(size: str, batches: list[int], repeats: int) -> list[tuple[str, d
                       f"{np.abs(ours - theirs).max():.1e}", flush=True)
             result = alternate({"ours": lambda feed=feed: detect(images=feed)["scores"].numpy(),
                                 "peer": peer_detect}, repeats)
-            rows.append((f"RT-DETR {size}, batch {batch}, {SIDE} px", result, batch))
+            rows.append((f"{NAMES[family]} {size}, batch {batch}, {SIDE} px", result, batch))
     return rows
 
 
 TRAIN = {"tiny": dict(side=128, batch=16, classes=3),
-         "r18": dict(side=SIDE, batch=2, classes=80)}
+         "r18": dict(side=SIDE, batch=2, classes=80), "s": dict(side=SIDE, batch=2, classes=80)}
+NAMES = {"rtdetr": "RT-DETR", "dfine": "D-FINE"}
 
 
-def peer_training_model(size: str, folder: str, denoising: bool = False
-                        ) -> RTDetrForObjectDetection:
-    """`peer_model` for ``--train``: ``tiny`` is the ``rtdetr-tiny`` preset's configuration;
-    denoising off unless ``denoising``."""
-    if size != "tiny":
-        model = peer_model(size, folder)
-    else:
-        from vision.config import preset
-
-        tiny = preset("rtdetr-tiny")
-        torch.manual_seed(0)
-        config = RTDetrConfig(**{**tiny.rtdetr, "num_queries": tiny.num_queries,
-                                 "num_labels": TRAIN["tiny"]["classes"]})
-        model = RTDetrForObjectDetection(config)
-        model.save_pretrained(folder)
+def peer_training_model(size: str, folder: str, denoising: bool = False,
+                        family: str = "rtdetr"):
+    """`peer_model` for ``--train``: ``tiny`` is the family's tiny preset's configuration
+    (transformers' initialization); denoising off unless ``denoising``."""
+    model = peer_model(size, folder, family, TRAIN[size]["classes"], randomize=size != "tiny")
     if not denoising:
         model.config.num_denoising = 0
     return model.train()
 
 
-def train_cases(size: str, repeats: int, denoising: bool = False
+def train_cases(size: str, repeats: int, denoising: bool = False, family: str = "rtdetr"
                 ) -> list[tuple[str, dict, int]]:
     from vision.config import preset
     from vision.modeling.optimizer import build_optimizer
-    from vision.modeling.rtdetr import rtdetr_criterion
     from vision.rtdetr_convert import load_rtdetr
 
     side, batch, classes = (TRAIN[size][k] for k in ("side", "batch", "classes"))
@@ -189,13 +213,13 @@ def train_cases(size: str, repeats: int, denoising: bool = False
                             rng.uniform(0.1, 0.3, (batch, count, 2))], -1).astype("float32")
     labels = rng.integers(0, classes, (batch, count)).astype("int32")
     targets = {"labels": labels, "boxes": boxes, "valid": np.ones((batch, count), bool)}
-    config = preset("rtdetr-tiny" if size == "tiny" else f"rtdetr-{size}")
+    config = preset(f"{family}-{size}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        peer = peer_training_model(size, os.path.join(tmp, "hf"), denoising)
+        peer = peer_training_model(size, os.path.join(tmp, "hf"), denoising, family)
         ours = load_rtdetr(os.path.join(tmp, "hf"))
         ours.compile(optimizer=build_optimizer(config, ours),
-                     criterion=rtdetr_criterion(classes))
+                     criterion=ours.default_criterion())
         backbone = [p for n, p in peer.named_parameters() if ".backbone." in f".{n}"]
         rest = [p for n, p in peer.named_parameters() if ".backbone." not in f".{n}"]
         optimizer = torch.optim.AdamW([{"params": rest, "lr": config.learning_rate},
@@ -220,8 +244,8 @@ def train_cases(size: str, repeats: int, denoising: bool = False
             return float(ours.train_on_batch(inputs, targets, return_dict=True)["loss"])
 
         result = alternate({"ours": ours_step, "peer": peer_step}, repeats)
-        rows.append((f"RT-DETR {size} train{' +dn' if denoising else ''}, batch {batch}, "
-                     f"{side} px", result, batch))
+        rows.append((f"{NAMES[family]} {size} train{' +dn' if denoising else ''}, batch "
+                     f"{batch}, {side} px", result, batch))
         if size == "tiny" and not denoising:  # DETR's tiny preset on the same images
             from vision.modeling.detr import build_criterion, build_model
 
@@ -236,7 +260,8 @@ def train_cases(size: str, repeats: int, denoising: bool = False
                                 "peer": lambda: float(detr.train_on_batch(inputs, targets,
                                                                  return_dict=True)["loss"])},
                                repeats)
-            rows.append((f"RT-DETR tiny / DETR tiny train, batch {batch}", result, batch))
+            rows.append((f"{NAMES[family]} tiny / DETR tiny train, batch {batch}", result,
+                         batch))
     return rows
 
 
@@ -247,6 +272,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="r18,r50")
     parser.add_argument("--batches", default="1,4")
     parser.add_argument("--train", action="store_true", help="optimizer steps (see above)")
+    parser.add_argument("--family", choices=sorted(NAMES), default="rtdetr")
     parser.add_argument("--denoising", action="store_true",
                         help="--train with denoising queries on both sides")
     args = parser.parse_args(argv)
@@ -261,11 +287,15 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     sizes = TRAIN if args.train else SIZES
+    if args.family == "dfine":
+        from vision.dfine_config import ARCHITECTURES
+
+        sizes = ARCHITECTURES if not args.train else {"tiny", "s"}
     for size in args.only.split(","):
         if size not in sizes:
             parser.error(f"unknown size {size!r}: {', '.join(sizes)}")
-        rows.extend(train_cases(size, args.repeats, args.denoising) if args.train
-                    else size_cases(size, batches, args.repeats))
+        rows.extend(train_cases(size, args.repeats, args.denoising, args.family) if args.train
+                    else size_cases(size, batches, args.repeats, args.family))
     print(f"{'case':<44}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}{'speed-up':>10}"
           f"{'ours img/s':>12}")
     for label, r, batch in rows:

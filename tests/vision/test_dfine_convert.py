@@ -13,8 +13,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,7 +26,6 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
 pytestmark = pytest.mark.xdist_group("torch_reference")
 
 ATOL, RTOL = 1e-4, 1e-5  # as tests/vision/test_rtdetr_convert.py's
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A published D-FINE L config.json (docling-project's egret-large, written by transformers'
 # D-FINE conversion, the field set of ustc-community/dfine-*-coco): every field.
@@ -172,21 +169,40 @@ def test_the_field_sets_are_the_installed_modeling_codes():
 
 
 @pytest.mark.slow
-def test_convert_then_export_detects_photos_as_transformers(reference, tmp_path):
-    """scripts/convert_detr.py on the folder (its image processor read), then the export on
+def test_convert_then_export_and_litert_detect_photos_as_transformers(reference, tmp_path):
+    """tfx-convert-detr on the folder (its image processor read), then the export on
     uint8 photos: transformers' post-processed detections, scores within 1e-5, boxes within
-    1e-4 of the side."""
-    folder, expected = reference
-    out = tmp_path / "converted"
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "convert_detr.py"),
-                             str(folder / "small"), "--out", str(out)],
-                            capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "D-FINE" in result.stdout
+    1e-4 of the side; and the LiteRT float32 file of that export (builtin operators only) on
+    the same photos as `prepare_image` gives them: the export's detections, as closely
+    (its ONNX file and int8-full: RT-DETR's test, the same code path)."""
+    import contextlib
+    import io
+
+    from vision.commands.convert import main
     from vision.serving import load_detector
+
+    folder, expected = reference
+    out, printed = tmp_path / "converted", io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main([str(folder / "small"), "--out", str(out)]) == 0
+    assert "D-FINE, HGNetV2 backbone, 3 decoder layers" in printed.getvalue()
 
     found = load_detector(out / "export")(expected["small_photos"])
     np.testing.assert_array_equal(found["labels"], expected["small_photo_labels"])
     np.testing.assert_allclose(found["scores"], expected["small_photo_scores"], atol=1e-5)
     np.testing.assert_allclose(found["boxes"], expected["small_photo_boxes"], atol=96e-4)
     assert json.loads((out / "export" / "classes.json").read_text())
+    from ai_edge_litert.interpreter import Interpreter
+
+    from vision.formats import DetectorConverter, find_source, prepare_image
+
+    source = find_source(out)
+    with DetectorConverter(source) as converter:
+        runner = Interpreter(model_content=converter.litert("float32")).get_signature_runner()
+    for i, photo in enumerate(expected["small_photos"]):
+        pixels, mask = prepare_image(photo, source.settings())
+        got = runner(images=pixels[None], mask=mask[None])
+        np.testing.assert_array_equal(got["labels"][0], found["labels"][i])
+        np.testing.assert_allclose(got["scores"][0], found["scores"][i], atol=1e-5)
+        np.testing.assert_allclose(got["boxes"][0] * [96, 64, 96, 64], found["boxes"][i],
+                                   atol=96e-4)
