@@ -233,9 +233,10 @@ def test_a_pth_without_torch_and_a_foreign_file_get_one_line_and_exit_2(tmp_path
 
 @pytest.mark.parametrize("config, message", [
     (None, "no config.json (a transformers folder holds config.json and model.safetensors)"),
-    ({"model_type": "d_fine"}, "config.json: model_type 'd_fine' is not supported (rt_detr: "
+    ({"model_type": "deimv2"}, "config.json: model_type 'deimv2' is not supported (rt_detr: "
                                "RTDetrForObjectDetection; rt_detr_v2: "
-                               "RTDetrV2ForObjectDetection; detr: DetrForObjectDetection)"),
+                               "RTDetrV2ForObjectDetection; d_fine: DFineForObjectDetection; "
+                               "detr: DetrForObjectDetection)"),
 ])
 def test_a_folder_of_another_detector_gets_one_line_and_exit_2(config, message, tmp_path,
                                                                capsys):

@@ -92,8 +92,8 @@ def command(argv=None) -> int:
 
 
 def _model_type(folder: str) -> str:
-    """``config.json``'s ``model_type`` of a transformers folder: "rt_detr", "rt_detr_v2" or
-    "detr"; ValueError naming the file otherwise."""
+    """``config.json``'s ``model_type`` of a transformers folder: "rt_detr", "rt_detr_v2",
+    "d_fine" or "detr"; ValueError naming the file otherwise."""
     from tfx_transformer.hf_files import read_json
 
     path = os.path.join(folder, "config.json")
@@ -104,7 +104,7 @@ def _model_type(folder: str) -> str:
     if kind not in (*RTDETR_TYPES, "detr"):
         raise ValueError(f"{path}: model_type {kind!r} is not supported (rt_detr: "
                          "RTDetrForObjectDetection; rt_detr_v2: RTDetrV2ForObjectDetection; "
-                         "detr: DetrForObjectDetection)")
+                         "d_fine: DFineForObjectDetection; detr: DetrForObjectDetection)")
     return kind
 
 
