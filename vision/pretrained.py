@@ -7,10 +7,10 @@
 - a ``model.keras`` file (Keras's own format, e.g. ``model.save("model.keras")``), or a
   directory holding one; its class names are read from a ``classes.json`` beside it, or from
   ``export/classes.json`` in that directory;
-- a transformers ``RTDetrForObjectDetection`` or ``RTDetrV2ForObjectDetection`` folder
-  (``config.json`` of ``model_type`` ``rt_detr`` or ``rt_detr_v2`` + ``model.safetensors``,
-  `vision.rtdetr_convert.read_rtdetr`), for an RT-DETR model of the same architecture
-  (`rtdetr_folder_config` gives it).
+- a transformers ``RTDetrForObjectDetection``, ``RTDetrV2ForObjectDetection`` or
+  ``DFineForObjectDetection`` folder (``config.json`` of ``model_type`` ``rt_detr``,
+  ``rt_detr_v2`` or ``d_fine`` + ``model.safetensors``, `vision.rtdetr_convert.read_rtdetr`),
+  for a model of the same architecture (`rtdetr_folder_config` gives it).
 
 Weights are matched by their Keras path (``backbone/conv_0/kernel``, ...). Every weight of the
 model must be found with its shape, with three exceptions:
@@ -65,7 +65,8 @@ def _relative(path: str) -> str:
 
 
 def rtdetr_folder_config(source: str | os.PathLike) -> dict | None:
-    """The ``config.json`` of ``source`` when it is a transformers RT-DETR folder, else None."""
+    """The ``config.json`` of ``source`` when it is a transformers RT-DETR or D-FINE folder, else
+    None."""
     path = os.fspath(source)
     config = os.path.join(path, "config.json")
     if not (os.path.isdir(path) and os.path.isfile(config)):

@@ -63,8 +63,8 @@ class DetectionTask(Task):
             their annotations) instead of stopping with their names.
         init_from: start a new run from these weights (`vision.pretrained.init_from`: a work
             directory, an export, a ``model.keras`` or, with an RT-DETR preset, a
-            transformers RT-DETR folder, whose architecture replaces the preset's); a resumed
-            run starts from its own.
+            transformers RT-DETR or D-FINE folder, whose architecture replaces the preset's); a
+            resumed run starts from its own.
     """
 
     state_files = ()
@@ -84,11 +84,11 @@ class DetectionTask(Task):
             folder_config = rtdetr_folder_config(init_from)
             if folder_config is not None:
                 if config.architecture != "rtdetr":
+                    names = ", ".join(n for n in PRESETS if n.startswith(("rtdetr-", "dfine-")))
                     raise ValueError(
-                        f"--init-from {init_from}: an RT-DETR folder needs an RT-DETR preset "
-                        f"({', '.join(n for n in PRESETS if n.startswith('rtdetr-'))}: its "
-                        f"training settings; the architecture comes from the folder). "
-                        f"Received: --preset {config.name}")
+                        f"--init-from {init_from}: an RT-DETR or D-FINE folder needs an RT-DETR "
+                        f"preset ({names}: its training settings; the architecture comes from "
+                        f"the folder). Received: --preset {config.name}")
                 config = self.config = dataclasses.replace(config, rtdetr=folder_config)
         self.fixed_size = None
         if config.architecture == "rtdetr":  # RT-DETR's image processor: stretch, / 255
