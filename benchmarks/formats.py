@@ -6,7 +6,8 @@ Detector (``detector_rows``): DIR is a finished ``train_detr.py`` work directory
 variant (float32, float16, int8, int8-full calibrated on 100 training images) and ONNX
 (float32, int8) is written from its ``model.keras`` at the export's fixed size
 (`vision.formats`), and run on the first ``--images`` held-out images of the run's data
-(`prepare_image` for the files; the SavedModel takes the uint8 images). Parity: the largest
+(`prepare_image` for the files; the SavedModel takes the uint8 images, one at a time where
+their sizes differ). Parity: the largest
 box difference over all queries as a fraction of the image side, the largest score
 difference, the share of images whose detections above 0.5 are the same (labels equal,
 boxes within 1e-3 of the side), and COCO AP50 (pycocotools, `vision.training.evaluate`)
@@ -80,6 +81,10 @@ def _in_batches(run, count: int, batch: int) -> dict:
     return {key: np.concatenate([o[key] for o in outputs]) for key in outputs[0]}
 
 
+def _concatenated(outputs: list[dict]) -> dict:
+    return {key: np.concatenate([o[key] for o in outputs]) for key in outputs[0]}
+
+
 def _same_detections(found: dict, want: dict, sides: np.ndarray) -> float:
     """Share of images whose detections above 0.5 agree (labels; boxes within 1e-3)."""
     same = 0
@@ -111,22 +116,25 @@ def _images_per_second(run, count: int, batch: int) -> float:
 def detector_rows(run_dir, count: int = 100, repeats: int = 5) -> list[dict]:
     """One row per artefact and one for the SavedModel (see the module docstring)."""
     from vision.data.sources import load_source
-    from vision.formats import prepare_image
+    from vision.formats import find_source, prepare_image
     from vision.serving import load_detector
 
-    artefacts, source = _artefacts(run_dir)
+    source = find_source(run_dir)
     records = list(load_source(source.data, log=lambda *_: None).records("valid")
                    .take(count).as_numpy_iterator())
     uint8 = [r["image"] for r in records]
-    if len({image.shape for image in uint8}) != 1:
-        raise ValueError("the held-out images differ in size: the SavedModel's batches need one")
+    artefacts, source = _artefacts(run_dir)
     prepared = [prepare_image(image, source.settings()) for image in uint8]
     images, mask = np.stack([p for p, _ in prepared]), np.stack([m for _, m in prepared])
     sides = np.array([max(i.shape[:2]) for i in uint8], np.float32)
     scale = np.array([[i.shape[1], i.shape[0]] * 2 for i in uint8], np.float32)[:, None, :]
     detector = load_detector(pathlib.Path(source.model_file).parent / "export")
-    stacked = np.stack(uint8)
-    runners = {"SavedModel": (lambda part: detector(stacked[part]),) * 2}
+    if len({image.shape for image in uint8}) == 1:
+        stacked = np.stack(uint8)
+        runners = {"SavedModel": (lambda part: detector(stacked[part]),) * 2}
+    else:  # images of several sizes: the SavedModel takes them one at a time
+        runners = {"SavedModel": (lambda part: _concatenated(
+            [detector(uint8[i][None]) for i in range(*part.indices(len(uint8)))]),) * 2}
     for name, (one, eight, _) in artefacts.items():
         runners[name] = tuple((lambda part, run=run: run(images[part], mask[part]))
                               for run in (one, eight))
