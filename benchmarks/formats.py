@@ -51,11 +51,10 @@ def _onnx_runner(data: bytes):
                                                                   "mask": mask})))
 
 
-def _artefacts(run_dir) -> tuple[dict, object]:
-    """{name: (batch-1 runner, batch-8 runner, bytes)} and the `DetectorSource`."""
-    from vision.formats import DetectorConverter, find_source, representative_images
+def _artefacts(source) -> dict:
+    """{name: (batch-1 runner, batch-8 runner, bytes)} of the `DetectorSource`."""
+    from vision.formats import DetectorConverter, representative_images
 
-    source = find_source(run_dir)
     calibration = representative_images(source)
     found = {}
     with DetectorConverter(source) as one, DetectorConverter(source, batch_size=8) as eight:
@@ -72,13 +71,12 @@ def _artefacts(run_dir) -> tuple[dict, object]:
             data = one.onnx(precision)
             runner = _onnx_runner(data)
             found[f"onnx {precision}"] = (runner, runner, len(data))
-    return found, source
+    return found
 
 
 def _in_batches(run, count: int, batch: int) -> dict:
     """``run(slice)`` over the first ``count`` images, ``batch`` at a time, concatenated."""
-    outputs = [run(slice(i, min(i + batch, count))) for i in range(0, count, batch)]
-    return {key: np.concatenate([o[key] for o in outputs]) for key in outputs[0]}
+    return _concatenated([run(slice(i, min(i + batch, count))) for i in range(0, count, batch)])
 
 
 def _concatenated(outputs: list[dict]) -> dict:
@@ -123,7 +121,7 @@ def detector_rows(run_dir, count: int = 100, repeats: int = 5) -> list[dict]:
     records = list(load_source(source.data, log=lambda *_: None).records("valid")
                    .take(count).as_numpy_iterator())
     uint8 = [r["image"] for r in records]
-    artefacts, source = _artefacts(run_dir)
+    artefacts = _artefacts(source)
     prepared = [prepare_image(image, source.settings()) for image in uint8]
     images, mask = np.stack([p for p, _ in prepared]), np.stack([m for _, m in prepared])
     sides = np.array([max(i.shape[:2]) for i in uint8], np.float32)

@@ -84,7 +84,7 @@ class DetectionTask(Task):
             folder_config = rtdetr_folder_config(init_from)
             if folder_config is not None:
                 if config.architecture != "rtdetr":
-                    names = ", ".join(n for n in PRESETS if n.startswith(("rtdetr-", "dfine-")))
+                    names = ", ".join(n for n, c in PRESETS.items() if c.architecture == "rtdetr")
                     raise ValueError(
                         f"--init-from {init_from}: an RT-DETR or D-FINE folder needs an RT-DETR "
                         f"preset ({names}: its training settings; the architecture comes from "
