@@ -94,7 +94,7 @@ def application(app: str):
         from vision.training.train import train_detr as train
     else:
         from nlp.config import preset
-        from nlp.train import train_nmt as train
+        from nlp.training.train import train_nmt as train
     return preset, train
 
 

@@ -5,8 +5,8 @@ change of the decoding code buys (export the same weights before and after it).
                                         [--batch-size 64] [--signatures serving_default,greedy]
 
 Each export's signatures translate the first ``--limit`` held-out sentences of the embedded
-data (``nlp.evaluate.translate_all``: batches of ``--batch-size`` sentences of similar length)
-after two warm-up batches; the exports alternate within every repeat, and each time is the
+data (``nlp.training.evaluate.translate_all``: batches of ``--batch-size`` sentences of similar
+length) after two warm-up batches; the exports alternate within every repeat, and each time is the
 median over ``--repeats``. Prints seconds per pass in wall-clock time and in this process's
 CPU time (all threads: steadier than wall time on a shared machine), the ratios of each
 export's times to the first's (medians of the per-repeat ratios) and whether the translations
@@ -28,8 +28,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf  # noqa: E402
 
 from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
-from nlp.evaluate import translate_all  # noqa: E402
-from nlp.serving import load_translator  # noqa: E402
+from nlp.export.load import load_translator  # noqa: E402
+from nlp.training.evaluate import translate_all  # noqa: E402
 
 
 def main(argv=None) -> int:

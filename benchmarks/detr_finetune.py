@@ -90,7 +90,7 @@ def main(argv=None) -> int:
 def score_export(export: str, data: str) -> dict:
     """COCO AP, AP50, AP75 and n of an export on every image of a ``coco:`` spec."""
     from vision.data.sources import load_source
-    from vision.serving import load_detector
+    from vision.export.load import load_detector
     from vision.training.evaluate import evaluate_records, match_labels
 
     detector = load_detector(export)

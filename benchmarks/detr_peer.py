@@ -144,8 +144,8 @@ def infer_cases(repeats: int) -> list[tuple[str, dict]]:
     import tensorflow as tf
 
     from vision.config import preset
+    from vision.export.saved_model import export_detector
     from vision.modeling.detr import build_model
-    from vision.training.export import export_detector
 
     config = preset("r50-detr", image_size=INFER_SIDE, max_image_size=INFER_SIDE)
     ours = build_model(config, NUM_CLASSES)

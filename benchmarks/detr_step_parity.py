@@ -4,8 +4,8 @@
 
 Needs the ``[reference]`` extra (torch, transformers, timm). transformers builds a DETR-R50 of
 random weights (4 classes, dropout off, its frozen BatchNorm statistics randomized); its
-``model.safetensors`` is read here by `vision.pretrained.load_reference_checkpoint`. Both then
-take one training step on the same batch, as facebookresearch/detr's ``main.py`` trains: the
+``model.safetensors`` is read here by `vision.pretrained.init_from.load_reference_checkpoint`. Both
+then take one training step on the same batch, as facebookresearch/detr's ``main.py`` trains: the
 Hungarian-matched set loss with auxiliary losses (transformers' ``ForObjectDetectionLoss``,
 which is DETR's ``SetCriterion``), gradients clipped to a global norm of 0.1, AdamW (lr 1e-4,
 backbone 1e-5, weight decay 1e-4, eps 1e-8). transformers' own ``auxiliary_loss=True`` path
@@ -216,8 +216,8 @@ def main(argv=None) -> int:
 
         from vision.modeling.detr import build_criterion
         from vision.modeling.optimizer import build_optimizer
-        from vision.pretrained import load_reference_checkpoint
-        from vision.reference import read_reference
+        from vision.pretrained.detr import read_reference
+        from vision.pretrained.init_from import load_reference_checkpoint
 
         m = max(len(t["labels"]) for t in targets)
         y = {"labels": np.zeros((args.batch, m), "int32"),

@@ -42,8 +42,8 @@ VOCAB, LENGTH = 8000, 40
 
 def _nmt():
     from nlp.config import preset
-    from nlp.model import build_model
-    from nlp.train import compile_model
+    from nlp.modeling.model import build_model
+    from nlp.training.train import compile_model
 
     config = preset("tiny", vocab_size=VOCAB)
     rng = np.random.default_rng(0)

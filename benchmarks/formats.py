@@ -5,7 +5,7 @@
 Detector (``detector_rows``): DIR is a finished ``train_detr.py`` work directory. Each LiteRT
 variant (float32, float16, int8, int8-full calibrated on 100 training images) and ONNX
 (float32, int8) is written from its ``model.keras`` at the export's fixed size
-(`vision.formats`), and run on the first ``--images`` held-out images of the run's data
+(`vision.export.litert_onnx`), and run on the first ``--images`` held-out images of the run's data
 (`prepare_image` for the files; the SavedModel takes the uint8 images, one at a time where
 their sizes differ). Parity: the largest
 box difference over all queries as a fraction of the image side, the largest score
@@ -53,7 +53,7 @@ def _onnx_runner(data: bytes):
 
 def _artefacts(source) -> dict:
     """{name: (batch-1 runner, batch-8 runner, bytes)} of the `DetectorSource`."""
-    from vision.formats import DetectorConverter, representative_images
+    from vision.export.litert_onnx import DetectorConverter, representative_images
 
     calibration = representative_images(source)
     found = {}
@@ -114,8 +114,8 @@ def _images_per_second(run, count: int, batch: int) -> float:
 def detector_rows(run_dir, count: int = 100, repeats: int = 5) -> list[dict]:
     """One row per artefact and one for the SavedModel (see the module docstring)."""
     from vision.data.sources import load_source
-    from vision.formats import find_source, prepare_image
-    from vision.serving import load_detector
+    from vision.export.litert_onnx import find_source, prepare_image
+    from vision.export.load import load_detector
 
     source = find_source(run_dir)
     records = list(load_source(source.data, log=lambda *_: None).records("valid")

@@ -6,17 +6,18 @@ speed and size, on the 500 held-out sentences of the embedded data.
 
 Without a finished run in ``--workdir``, trains the tiny preset there first
 (``scripts/train_nmt.py --data embedded --preset tiny --max-steps 300``, a few minutes on 2
-cores). Then writes the run as CTranslate2 float32 and int8 (`nlp.ct2_export.write`, what
+cores). Then writes the run as CTranslate2 float32 and int8 (`nlp.export.ctranslate2.write`, what
 ``tfx-export --format ctranslate2`` runs) and translates the held-out sentences with each:
 
 * ``SavedModel``: the export's ``serving_default`` (beam search as exported), batches of
-  ``--batch-size`` sentences of similar length (`nlp.evaluate.translate_all`), TensorFlow on
-  ``--threads`` threads;
-* ``CT2 float32``, ``CT2 int8``: `nlp.ct2_runtime.Ct2Translator` on ``--threads`` threads;
+  ``--batch-size`` sentences of similar length (`nlp.training.evaluate.translate_all`), TensorFlow
+  on ``--threads`` threads;
+* ``CT2 float32``, ``CT2 int8``: `nlp.export.ctranslate2_runtime.Ct2Translator` on ``--threads``
+threads;
 * ``CT2 float32, patience 1``: the same with CTranslate2's beam patience 1 instead of the
   export's (2 for GNMT: it searches until twice the beam's width of hypotheses finished);
 * ``CT2 float32, CTranslate2's length penalty`` (not timed): its own ``n ** α`` ranking
-  instead of GNMT's, what rescoring in `nlp.ct2_runtime` changes.
+  instead of GNMT's, what rescoring in `nlp.export.ctranslate2_runtime` changes.
 
 Per system: the share of sentences whose translation is the SavedModel's, sacrebleu's corpus
 BLEU against the references, output tokens per second (SentencePiece pieces of the system's
@@ -45,12 +46,12 @@ ROOT = Path(__file__).resolve().parent.parent
 import sacrebleu  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from nlp import ct2_export  # noqa: E402
-from nlp.ct2_runtime import Ct2Translator  # noqa: E402
+from nlp.export import ctranslate2  # noqa: E402
 from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
-from nlp.evaluate import translate_all  # noqa: E402
-from nlp.serving import load_translator  # noqa: E402
-from nlp.tokenizer import Tokenizer  # noqa: E402
+from nlp.export.ctranslate2_runtime import Ct2Translator  # noqa: E402
+from nlp.export.load import load_translator  # noqa: E402
+from nlp.text.tokenizer import Tokenizer  # noqa: E402
+from nlp.training.evaluate import translate_all  # noqa: E402
 
 TRAIN_STEPS = 300
 
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     out = Path(tempfile.mkdtemp(prefix="formats_translator_"))
     dirs = {p: out / p for p in ("float32", "int8")}
     for precision, path in dirs.items():
-        ct2_export.write(workdir, path, precision, None)
+        ctranslate2.write(workdir, path, precision, None)
     saved = load_translator(workdir / "export")
     ct2 = {"CT2 float32": Ct2Translator(dirs["float32"], threads=args.threads),
            "CT2 float32, patience 1": Ct2Translator(dirs["float32"], threads=args.threads,

@@ -3,7 +3,7 @@ table of ``nmt_engines.py`` and the NMT base and DETR r50 train steps.
 
 * Engines: ``gpu_torch.py`` (a torch process) builds ``nmt_engines.py``'s base OPUS-MT-layout
   ``MarianMTModel`` (random weights, 58,101 ids, eos bias set so that translations are as long
-  as their sources); ``nlp.hf_config.read_weights`` and ``nlp.marian``'s
+  as their sources); ``nlp.pretrained.hf_config.read_weights`` and ``nlp.pretrained.marian``'s
   ``marian_settings``/``set_weights`` read it into our ``Seq2SeqTransformer``. 512 sources of
   random ids (Zipf, lognormal lengths of median 20) sorted by length, batches of 32, then
   128: our ``beam_search`` (beam 4, transformers' convention) and ``greedy_search`` by
@@ -15,9 +15,10 @@ table of ``nmt_engines.py`` and the NMT base and DETR r50 train steps.
   transformers'. CTranslate2 is not on the machine: skipped.
 * Train steps: ``train_on_batch`` on device arrays, median of 10 steps after 2 (the first
   compiles), float32 then ``mixed_bfloat16``: NMT ``base`` (vocabulary 8,000, 128 x 32 source
-  and target tokens, compiled as ``nlp.train`` does) and DETR ``r50`` (``matcher_solver="ops"``,
-  4 images of 800 x 1066 px, 7 objects each, 80 classes, as its trainer). MFU: the step's FLOPs
-  (XLA's cost analysis) / step time / the ``jnp.dot`` peak (8192^2) of its dtype, measured first.
+  and target tokens, compiled as ``nlp.training.train`` does) and DETR ``r50``
+  (``matcher_solver="ops"``, 4 images of 800 x 1066 px, 7 objects each, 80 classes, as its
+  trainer). MFU: the step's FLOPs (XLA's cost analysis) / step time / the ``jnp.dot`` peak
+  (8192^2) of its dtype, measured first.
   On the H200 that analysis leaves out the products XLA hands to cuBLAS (23.8 GFLOP counted
   for an NMT base step of 1,197 GFLOP by ``peak.py``'s ``nmt_flops``), so read its ``mfu`` as a
   lower bound and divide the analytic count by the step time instead (benchmarks/README.md).
@@ -65,15 +66,15 @@ QUICK = dict(vocab=1000, real=300, layers=2, d=64, heads=4, ffn=128, calibration
 
 
 def marian_model(folder: str):
-    """`nlp.marian.read_marian` less the tokenizer, and the beam-search arguments."""
-    from nlp.model import Seq2SeqTransformer
+    """`nlp.pretrained.marian.read_marian` less the tokenizer, and the beam-search arguments."""
+    from nlp.modeling.model import Seq2SeqTransformer
 
     def read(name):
         with open(os.path.join(folder, name), encoding="utf-8") as f:
             return {k: v for k, v in json.load(f).items() if k != "transformers_version"}
 
-    import nlp.hf_config as hf_config
-    import nlp.marian as marian
+    import nlp.pretrained.hf_config as hf_config
+    import nlp.pretrained.marian as marian
 
     kwargs, decoding = marian.marian_settings(read("config.json"), read("generation_config.json"))
     model = Seq2SeqTransformer(**kwargs, source_pad_id=kwargs["pad_id"])  # one vocabulary
@@ -85,7 +86,7 @@ def marian_model(folder: str):
 def decode_stage(args, size, worker, batch: int, cache: dict) -> dict:
     import jax
 
-    from nlp.decoding import compile_search
+    from nlp.search.decoding import compile_search
 
     if "model" not in cache:
         cache["model"] = marian_model(os.path.join(cache["workdir"], "opus"))

@@ -1,5 +1,5 @@
 """The training half of ``gpu.py``: the ``jnp.dot`` peaks and a train step's time and MFU
-under ``KERAS_BACKEND=jax`` (NMT as `nlp.train.compile_model` compiles it, DETR as
+under ``KERAS_BACKEND=jax`` (NMT as `nlp.training.train.compile_model` compiles it, DETR as
 `vision.training.train`; those modules need TensorFlow, so the compile is written here)."""
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ def matmul_peaks(n: int, repeats: int = 5, iters: int = 10) -> dict:
 
 def train_setup(size, which: str):
     """The compiled model, one batch and the items it holds (target tokens, images). NMT as
-    `nlp.train.compile_model`, DETR as `vision.training.train`, both of which need
+    `nlp.training.train.compile_model`, DETR as `vision.training.train`, both of which need
     TensorFlow."""
     rng = np.random.default_rng(0)
     if which == "nmt":
         from nlp.config import preset
-        from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
-        from nlp.model import build_model
+        from nlp.modeling.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
+        from nlp.modeling.model import build_model
         from tfx_transformer import NoamSchedule
         from tfx_transformer.replicas import GlobalClipAdam
 

@@ -168,8 +168,8 @@ def worker_ours(args) -> None:
     import tensorflow_text  # noqa: F401  (the export's ops)
 
     from nlp.config import preset
-    from nlp.model_dir import read_model_dir
-    from nlp.train import compile_model
+    from nlp.pretrained.model_dir import read_model_dir
+    from nlp.training.train import compile_model
 
     model_dir = os.path.join(args.workdir, "converted")
     with open(os.path.join(args.workdir, "pairs.json"), encoding="utf-8") as f:

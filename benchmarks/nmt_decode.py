@@ -10,7 +10,7 @@ Without ``--export``, trains the tiny preset once (``scripts/train_nmt.py --data
 ``scripts/evaluate_nmt.py --data embedded`` does. With ``--pairs``, the first column of a TSV
 file (at most ``--limit`` lines).
 
-Every case translates all the sentences as ``nlp.evaluate.translate_all`` does (batches of
+Every case translates all the sentences as ``nlp.training.evaluate.translate_all`` does (batches of
 ``--batch-size`` sentences of similar length, the order restored), after two warm-up batches
 of different shapes; the cases alternate, and each time is the median over ``--repeats``:
 
@@ -18,7 +18,7 @@ of different shapes; the cases alternate, and each time is the median over ``--r
   ``translate_nbest`` signatures (``nbest`` only in exports that have it);
 * ``beam, input order``: ``serving_default`` on batches in input order (no length sorting);
 * ``beam/greedy in process``: the same weights (read from the SavedModel) in this process,
-  ``nlp.decoding.beam_search`` / ``greedy_search`` in one ``tf.function``, and
+  ``nlp.search.decoding.beam_search`` / ``greedy_search`` in one ``tf.function``, and
   ``beam/greedy uncached``: the same with ``beam_search_uncached`` / ``greedy_search_uncached``
   (the decoder re-run over the whole prefix at every step). These need the export's work
   directory (``DIR/..``: ``metrics.json`` with the model's config, ``tokenizer.model``);
@@ -49,11 +49,11 @@ ROOT = Path(__file__).resolve().parent.parent
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from nlp import decoding  # noqa: E402
+from nlp.search import decoding  # noqa: E402
 from nlp.data.sources import evaluation_split, load_pairs, read_tsv  # noqa: E402
-from nlp.evaluate import translate_all  # noqa: E402
-from nlp.export import export_translator  # noqa: E402
-from nlp.serving import load_translator, read_info  # noqa: E402
+from nlp.export.load import load_translator, read_info  # noqa: E402
+from nlp.export.translator import export_translator  # noqa: E402
+from nlp.training.evaluate import translate_all  # noqa: E402
 
 TRAIN_STEPS = 300
 
@@ -75,8 +75,8 @@ def in_process_model(export: Path):
     metrics, tokenizer_file = export.parent / "metrics.json", export.parent / "tokenizer.model"
     if not (metrics.is_file() and tokenizer_file.is_file()):
         return None
-    from nlp.model import Seq2SeqTransformer
-    from nlp.tokenizer import Tokenizer
+    from nlp.modeling.model import Seq2SeqTransformer
+    from nlp.text.tokenizer import Tokenizer
 
     config = json.loads(metrics.read_text(encoding="utf-8"))["config"]
     names = ("vocab_size", "num_encoder_layers", "num_decoder_layers", "d_model", "num_heads",
@@ -95,7 +95,7 @@ def in_process_model(export: Path):
 
 def search_fn(model, tokenizer, method: str, **kwargs):
     """``text (N,) -> (N,)`` as the export translates (truncation, eos, padding), decoding with
-    ``nlp.decoding``'s ``method`` in one ``tf.function``."""
+    ``nlp.search.decoding``'s ``method`` in one ``tf.function``."""
     searches = {"beam": decoding.beam_search, "beam_uncached": decoding.beam_search_uncached,
                 "greedy": decoding.greedy_search,
                 "greedy_uncached": decoding.greedy_search_uncached}
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
                                      ("greedy uncached", "greedy_uncached", greedy_kw)):
             cases[name] = (search_fn(model, tokenizer, method, **kwargs), True)
         if args.xla:
-            from nlp.decoding import DecodingSettings
+            from nlp.search.decoding import DecodingSettings
 
             xla_dir = Path(tempfile.mkdtemp(prefix="nmt_decode_xla_")) / "export"
             export_translator(model, tokenizer, xla_dir, DecodingSettings(**kw),

@@ -24,7 +24,7 @@ share a process with TensorFlow):
    translations are about as long as their sources, as OPUS-MT's are;
 3. ``scripts/convert_nmt.py FOLDER --out DIR``;
 4. two workers stay up, ours (TensorFlow: ``DIR/export``'s ``serving_default``, and
-   ``DIR/model.keras`` compiled as ``nlp.train.compile_model`` does, without XLA as
+   ``DIR/model.keras`` compiled as ``nlp.training.train.compile_model`` does, without XLA as
    ``train_nmt`` by default) and theirs (torch, ``torch.set_num_threads(2)``); the parent
    alternates them:
 

@@ -12,7 +12,7 @@ the NMT base decoding step.
   vocabulary 8000, batch 16 x 40 source and target tokens, label-smoothed loss, Adam;
   ``detr-r50``: the r50 preset, batch 2 of 256 px, 4 objects, set loss, AdamW), float32,
   ``train_on_batch``, no XLA; and one cached beam-search decoding step of the base model
-  (batch 32 x beam 4 rows, source 24 tokens, cache 48 wide; ``nlp.decode_steps._decode_step``
+  (batch 32 x beam 4 rows, source 24 tokens, cache 48 wide; ``nlp.search.steps.cached_decoder_step``
   in a ``tf.function``).
 * FLOPs: the NMT train and decoding steps counted analytically (``2 m n k`` per matrix
   product, the attention products included, a train step = 3 x the forward pass: the backward
@@ -136,17 +136,17 @@ def steps(repeats: int) -> list:
 
 
 def decode_step(model, repeats: int, batch=32, beam=4, source=24, width=48) -> dict:
-    from nlp.decode_steps import _caches, _cross_caches, _decode_step
+    from nlp.search.steps import cached_decoder_step, cross_attention_caches, empty_caches
 
     rng = np.random.default_rng(0)
     ids = tf.constant(rng.integers(4, VOCAB, (batch * beam, source)), tf.int32)
     memory, mask = model.encode(ids)
-    cross, caches = _cross_caches(model, memory), _caches(model, batch * beam, width)
+    cross, caches = cross_attention_caches(model, memory), empty_caches(model, batch * beam, width)
     tokens = tf.constant(rng.integers(4, VOCAB, (batch * beam, 1)), tf.int32)
 
     @tf.function
     def step(index):
-        logits, updated = _decode_step(model, tokens, index, caches, cross, mask)
+        logits, updated = cached_decoder_step(model, tokens, index, caches, cross, mask)
         return tf.reduce_sum(logits[:1, :1]) + sum(tf.reduce_sum(c[:1, :1, :1, :1]) for c in
                                                    updated)
 

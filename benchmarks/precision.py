@@ -46,8 +46,8 @@ def _cpu_flags() -> str:
 
 def _nmt(preset_name: str, batch: int):
     from nlp.config import preset
-    from nlp.model import build_model
-    from nlp.train import compile_model
+    from nlp.modeling.model import build_model
+    from nlp.training.train import compile_model
 
     config = preset(preset_name, vocab_size=VOCAB)
     rng = np.random.default_rng(0)

@@ -6,8 +6,9 @@ RTDetrForObjectDetection / DFineForObjectDetection.
     python benchmarks/rtdetr_peer.py --family dfine [--only s] / --train [--only tiny,s]
 
 ``--family dfine``: the same with D-FINE (the published configurations of our ``dfine-*``
-presets, `vision.dfine_config.ARCHITECTURES`, built by transformers from those config.json
-fields; ``tiny`` the ``dfine-tiny`` preset's), its criterion with FGL and DDF on our side.
+presets, `vision.pretrained.dfine_config.ARCHITECTURES`, built by transformers from those
+config.json fields; ``tiny`` the ``dfine-tiny`` preset's), its criterion with FGL and DDF on our
+side.
 
 Needs the ``[reference]`` extra (torch, transformers). For each size, transformers builds the
 ``RTDetrForObjectDetection`` of ``PekingU/rtdetr_r18vd`` / ``rtdetr_r50vd``'s configuration
@@ -91,7 +92,7 @@ def alternate(fns: dict, repeats: int) -> dict:
 def peer_config(family: str, size: str, classes: int):
     """transformers' config of a size (``tiny``: the family's tiny preset's)."""
     if family == "dfine":
-        from vision.dfine_config import ARCHITECTURES
+        from vision.pretrained.dfine_config import ARCHITECTURES
 
         fields = {key: value for key, value in ARCHITECTURES[size].items()
                   if key != "model_type"}
@@ -203,7 +204,7 @@ def train_cases(size: str, repeats: int, denoising: bool = False, family: str = 
                 ) -> list[tuple[str, dict, int]]:
     from vision.config import preset
     from vision.modeling.optimizer import build_optimizer
-    from vision.rtdetr_convert import load_rtdetr
+    from vision.pretrained.rtdetr import load_rtdetr
 
     side, batch, classes = (TRAIN[size][k] for k in ("side", "batch", "classes"))
     rng = np.random.default_rng(0)
@@ -288,7 +289,7 @@ def main(argv=None) -> int:
     rows = []
     sizes = TRAIN if args.train else SIZES
     if args.family == "dfine":
-        from vision.dfine_config import ARCHITECTURES
+        from vision.pretrained.dfine_config import ARCHITECTURES
 
         sizes = ARCHITECTURES if not args.train else {"tiny", "s"}
     for size in args.only.split(","):

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def detections(workdir: Path, out: Path, threshold: float, min_objects: int) -> str:
     from vision.data.shapes import ShapesGenerator
+    from vision.export.load import load_detector
     from vision.plots import draw_detections
-    from vision.serving import load_detector
 
     detector = load_detector(workdir / "export")
     shapes = ShapesGenerator(seed=0, split="valid")
@@ -46,7 +46,7 @@ def attention(workdir: Path, out: Path, sentence: str) -> str:
 
     import nlp  # noqa: F401  (registers the saved classes)
     from nlp.plots import plot_cross_attention
-    from nlp.tokenizer import load_tokenizer
+    from nlp.text.tokenizer import load_tokenizer
 
     model = keras.saving.load_model(workdir / "model.keras", compile=False)
     return plot_cross_attention(model, load_tokenizer(workdir), sentence, out / "attention.png")

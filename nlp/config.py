@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from nlp.decoding import DecodingSettings
+from nlp.search.decoding import DecodingSettings
 from tfx_transformer import checks
 
 __all__ = ["DECODING_FIELDS", "NMTConfig", "PRESETS", "SCHEDULES", "preset"]

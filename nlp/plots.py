@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from nlp.decoding import greedy_search
-from nlp.tokenizer import Tokenizer
+from nlp.search.decoding import greedy_search
+from nlp.text.tokenizer import Tokenizer
 
 __all__ = ["cross_attention", "plot_cross_attention"]
 

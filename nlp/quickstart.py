@@ -1,5 +1,6 @@
-"""The translation part of the quick start (`tfx_transformer.quickstart`): the tiny translator
-on the built-in English→German pairs, its held-out scores and samples, and its export run."""
+"""The translation part of the quick start (`tfx_transformer.commands.quickstart`): the tiny
+translator on the built-in English→German pairs, its held-out scores and samples, and its export
+run."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ def run(root: str, minutes: float) -> None:
     import tensorflow as tf
 
     from nlp import config
-    from nlp.serving import load_translator
-    from nlp.train import train_nmt
+    from nlp.export.load import load_translator
+    from nlp.training.train import train_nmt
     from tfx_transformer.training.run import RunOptions
     from tfx_transformer.training.workdir import read_metrics
 

@@ -1,3 +1,3 @@
-from tfx_transformer.formats import main
+from tfx_transformer.commands.export import main
 
 raise SystemExit(main())

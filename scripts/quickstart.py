@@ -1,3 +1,3 @@
-from tfx_transformer.quickstart import main
+from tfx_transformer.commands.quickstart import main
 
 raise SystemExit(main())

@@ -1,3 +1,3 @@
-from tfx_transformer.serving.command import main
+from tfx_transformer.commands.serve import main
 
 raise SystemExit(main())

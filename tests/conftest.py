@@ -143,7 +143,7 @@ NMT_DECODING = dict(beam_size=3, length_penalty=0.6, extra_length=6)
 
 
 def _nmt_model(tokenizer):
-    from nlp.model import Seq2SeqTransformer
+    from nlp.modeling.model import Seq2SeqTransformer
 
     keras.utils.set_random_seed(1)
     return Seq2SeqTransformer(vocab_size=tokenizer.vocab_size, num_encoder_layers=1,
@@ -161,10 +161,10 @@ def nmt_export(tmp_path_factory):
     reads the maker's weights into it.
     """
     from nlp.data.embedded import generate_pairs
-    from nlp.decoding import DecodingSettings
-    from nlp.export import export_translator
-    from nlp.tokenizer import Tokenizer
-    from nlp.vocabulary import train_tokenizer
+    from nlp.export.translator import export_translator
+    from nlp.search.decoding import DecodingSettings
+    from nlp.text.tokenizer import Tokenizer
+    from nlp.text.vocabulary import train_tokenizer
 
     made = []
 
@@ -259,7 +259,7 @@ def detr_export(tmp_path_factory):
     Made once per run (`_made_once`); a worker that did not make it builds the same model and
     reads the maker's weights into it.
     """
-    from vision.training.export import export_detector
+    from vision.export.saved_model import export_detector
 
     made = []
 

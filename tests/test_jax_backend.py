@@ -24,8 +24,8 @@ if importlib.util.find_spec("jax") is None:
     pytest.skip("jax is not installed (the optional extra `jax`: pip install -e '.[jax]')",
                 allow_module_level=True)
 
-from nlp.decoding import beam_search, greedy_search  # noqa: E402
-from nlp.model import Seq2SeqTransformer  # noqa: E402
+from nlp.modeling.model import Seq2SeqTransformer  # noqa: E402
+from nlp.search.decoding import beam_search, greedy_search  # noqa: E402
 from vision.config import preset  # noqa: E402
 from vision.modeling.detr import build_criterion, build_model  # noqa: E402
 
@@ -84,8 +84,8 @@ JAX_SCRIPT = textwrap.dedent("""
     import keras
     import numpy as np
 
-    import nlp.model  # noqa: F401  (registers the saved classes)
-    from nlp.decoding import beam_search, compile_search
+    import nlp.modeling.model  # noqa: F401  (registers the saved classes)
+    from nlp.search.decoding import beam_search, compile_search
     from tfx_transformer import MultiHeadAttention
     from vision.config import preset
     from vision.modeling.detr import build_criterion

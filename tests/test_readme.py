@@ -127,7 +127,8 @@ def test_pages_name_dotted_names():
 
 @pages
 def test_dotted_names_import(page):
-    """``nlp.export.load_translator`` and the like: the module imports, the name is in it."""
+    """``nlp.export.translator.load_translator`` and the like: the module imports, the name is in
+    it."""
     names = _dotted_names(page.read_text())
     if not names:
         pytest.skip(f"{page.name} names no dotted names")

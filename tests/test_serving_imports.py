@@ -1,4 +1,5 @@
-"""Loading an export imports no writer and no Keras model code (`nlp.serving`, `vision.serving`).
+"""Loading an export imports no writer and no Keras model code (`nlp.export.load`,
+`vision.export.load`).
 
 TensorFlow itself imports Keras when it can (``import tensorflow`` loads
 Keras's optimizers), so the fresh process below makes ``import keras`` fail: TensorFlow
@@ -21,8 +22,9 @@ import tensorflow as tf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Writers and model code: none may be imported by loading an export.
-FORBIDDEN = ("keras", "tfx_transformer", "nlp.export", "nlp.model", "nlp.decoding", "nlp.greedy",
-             "nlp.beam", "nlp.decode_steps", "nlp.tokenizer", "nlp.train",
+FORBIDDEN = ("keras", "tfx_transformer", "nlp.export.translator", "nlp.modeling.model",
+             "nlp.search.decoding", "nlp.search.greedy", "nlp.search.beam", "nlp.search.steps",
+             "nlp.text.tokenizer", "nlp.training.train",
              "vision.training", "vision.modeling", "vision.matching", "vision.data")
 
 SCRIPT = textwrap.dedent("""
@@ -42,16 +44,16 @@ SCRIPT = textwrap.dedent("""
                       and not any(name == a or name.startswith(a + ".") for a in allow))
 
     sys.modules["keras"] = None  # `import keras` raises ModuleNotFoundError from here on
-    import nlp.serving
-    import vision.serving
+    import nlp.export.load
+    import vision.export.load
     report = {{"after_import": loaded()}}
-    detector = vision.serving.load_detector({detector!r})
+    detector = vision.export.load.load_detector({detector!r})
     out = detector(np.zeros((2, 5, 7, 3), np.uint8))
     report["after_detector"] = loaded()
     report["boxes"] = out["boxes"].tolist()
     del sys.modules["keras"]  # tensorflow-text needs Keras (its layers subclass Keras 2 ones)
     import tensorflow as tf
-    translator = nlp.serving.load_translator({translator!r})
+    translator = nlp.export.load.load_translator({translator!r})
     report["translation"] = [t.decode() for t in translator(tf.constant(["ab", "c"])).numpy()]
     hypotheses, scores = translator.translate_nbest(tf.constant(["ab"]))
     report["nbest"] = [h.decode() for h in hypotheses.numpy()[0]]

@@ -1,8 +1,8 @@
 """What the applications lend the shared commands: each registers itself by entry points.
 
-`tfx_transformer` imports neither application. The quick start (`tfx_transformer.quickstart`)
-and the server (`tfx_transformer.serving.command`) find them through two entry-point groups
-of the installed package (``pyproject.toml``):
+`tfx_transformer` imports neither application. The quick start
+(`tfx_transformer.commands.quickstart`) and the server (`tfx_transformer.commands.serve`) find them
+through two entry-point groups of the installed package (``pyproject.toml``):
 
 - ``tfx_transformer.quickstart``: ``run(root, minutes)`` trains, evaluates and tries one
   application's tiny model under ``root`` within ``minutes``;

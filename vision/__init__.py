@@ -4,8 +4,11 @@
 - `vision.modeling`: the model (``keras.ops`` only): backbone, query strategies, decoder-side
   refinement, heads, box maths, post-processing.
 - `vision.matching`: the Hungarian matcher, its solvers and the set loss.
-- `vision.training`: ``train_detr``, evaluation and the SavedModel export.
-- `vision.serving`: loading an export (``load_detector``), with TensorFlow alone.
+- `vision.training`: ``train_detr`` and evaluation.
+- `vision.export`: the Detector SavedModel (written, and loaded with TensorFlow alone:
+  ``load_detector``), its LiteRT and ONNX files.
+- `vision.pretrained`: published checkpoints and folders, ``--init-from``.
+- `vision.commands`: the installed commands.
 - `vision.config` (``DetrConfig`` and presets) and `vision.plots` join them.
 """
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import dataclasses
 
 from tfx_transformer import checks
-from vision.dfine_config import ARCHITECTURES as DFINE_ARCHITECTURES
 from vision.matching.assignment import SOLVERS
 from vision.modeling.backbone import BACKBONES, TINY_NORMS
 from vision.modeling.queries import query_layer_class
 from vision.modeling.refinement import make_box_decoding
-from vision.rtdetr_config import ARCHITECTURES as RTDETR_ARCHITECTURES
+from vision.pretrained.dfine_config import ARCHITECTURES as DFINE_ARCHITECTURES
+from vision.pretrained.rtdetr_config import ARCHITECTURES as RTDETR_ARCHITECTURES
 
 __all__ = ["ARCHITECTURES", "AUGMENTATIONS", "DetrConfig", "PRESETS", "preset"]
 
@@ -60,10 +60,11 @@ class DetrConfig:
 
     # The detector: "detr" (the fields below) or "rtdetr" (RT-DETR, `vision.modeling.rtdetr`:
     # its architecture is `rtdetr`, transformers' RTDetrConfig fields as in a config.json,
-    # read by `vision.rtdetr_config.rtdetr_settings`, with num_queries from here; its images
-    # are stretched to image_size x image_size and scaled to [0, 1], RT-DETR's preprocessing;
-    # its loss is `vision.modeling.rtdetr.rtdetr_criterion` with the weights and costs here,
-    # loss_ce weighting the varifocal loss). DETR's architecture fields do not apply to it.
+    # read by `vision.pretrained.rtdetr_config.rtdetr_settings`, with num_queries from here; its
+    # images are stretched to image_size x image_size and scaled to [0, 1], RT-DETR's
+    # preprocessing; its loss is `vision.modeling.rtdetr.rtdetr_criterion` with the weights and
+    # costs here, loss_ce weighting the varifocal loss). DETR's architecture fields do not apply
+    # to it.
     architecture: str = "detr"
     rtdetr: dict | None = None
 
@@ -285,7 +286,7 @@ PRESETS: dict[str, DetrConfig] = {
     # box refinement, cross-attention within 0.3 of each reference box.
     "r50": DetrConfig(name="r50", **_AIDS),
     # facebookresearch/detr's DETR-R50 as published: the model its checkpoints load into
-    # (vision.pretrained.load_reference_checkpoint).
+    # (vision.pretrained.init_from.load_reference_checkpoint).
     "r50-detr": DetrConfig(),
     # Vanilla DETR at the reference CPU setting (how it converges: benchmarks/README.md).
     "tiny-detr": DetrConfig(name="tiny-detr", **_TINY),

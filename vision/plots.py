@@ -118,8 +118,8 @@ def plot_query_attention(model, image: np.ndarray, path: str | os.PathLike, imag
     Returns:
         ``path`` as a string.
     """
+    from vision.export.saved_model import preprocess_images  # TensorFlow: only needed here
     from vision.modeling.postprocess import postprocess
-    from vision.training.export import preprocess_images  # TensorFlow: only needed here
 
     plt = _pyplot()
     image = np.asarray(image, np.uint8)

@@ -1,5 +1,5 @@
-"""The detection part of the quick start (`tfx_transformer.quickstart`): the tiny detector on
-the built-in shapes, its validation AP, and its export run on a held-out image."""
+"""The detection part of the quick start (`tfx_transformer.commands.quickstart`): the tiny detector
+on the built-in shapes, its validation AP, and its export run on a held-out image."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ def run(root: str, minutes: float) -> None:
     from tfx_transformer.training.run import RunOptions
     from vision import config
     from vision.data.shapes import ShapesGenerator
+    from vision.export.load import load_detector
     from vision.plots import draw_detections
-    from vision.serving import load_detector
     from vision.training.train import train_detr
 
     workdir = os.path.join(root, "detr")

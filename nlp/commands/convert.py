@@ -70,7 +70,7 @@ def command(argv=None) -> int:
     if os.path.exists(args.out):
         parser.error(f"--out {args.out}: already exists; choose a new directory (nothing in "
                      "it is replaced)")
-    from nlp.hub import fetch_model, is_hub_id
+    from nlp.pretrained.hub import fetch_model, is_hub_id
 
     folder = args.model
     if is_hub_id(folder):
@@ -79,7 +79,7 @@ def command(argv=None) -> int:
         parser.error(f"--revision: {args.model} is a local folder, not a Hub id")
     kind = model_type(folder)
     quiet_start()  # TensorFlow from here on: a Hub id or folder refused above never loads it
-    from nlp.model_dir import write_model_dir
+    from nlp.pretrained.model_dir import write_model_dir
 
     if kind == "marian":
         for flag, value in (("--source-lang", args.source_lang),
@@ -87,11 +87,11 @@ def command(argv=None) -> int:
             if value is not None:
                 parser.error(f"{flag}: an OPUS-MT (Marian) model has its language pair "
                              "built in (multilingual ones take a >>xxx<< token in the text)")
-        from nlp.marian import read_marian
+        from nlp.pretrained.marian import read_marian
 
         model, tokenizer, decoding = read_marian(folder)
     else:
-        from nlp.m2m100 import read_m2m100
+        from nlp.pretrained.m2m100 import read_m2m100
 
         model, tokenizer, decoding = read_m2m100(folder, source_lang=args.source_lang,
                                                  target_lang=args.target_lang)

@@ -15,8 +15,8 @@ from tfx_transformer.quiet import quiet_start
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
-from nlp.evaluate import evaluate  # noqa: E402
-from nlp.serving import NotATranslatorError, load_translator, read_info  # noqa: E402
+from nlp.export.load import NotATranslatorError, load_translator, read_info  # noqa: E402
+from nlp.training.evaluate import evaluate  # noqa: E402
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 

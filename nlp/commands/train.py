@@ -12,7 +12,7 @@ onednn_default()  # TensorFlow's oneDNN kernels: faster training steps on x86-64
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
 from nlp.config import PRESETS, SCHEDULES, preset  # noqa: E402
-from nlp.train import train_nmt  # noqa: E402
+from nlp.training.train import train_nmt  # noqa: E402
 from tfx_transformer.cli import (  # noqa: E402
     COMMON_RUN_FLAGS,
     add_override_arguments,
@@ -54,7 +54,7 @@ CONFIG_FLAGS = {
 EVAL_LIMIT = 1000  # held-out pairs translated and scored after training (--eval-limit)
 # With --init-from, unless the flags say otherwise: the budget schedule (linear warm-up over a
 # tenth of the run, then linear decay to 0; Noam's step^-0.5 when the run's length is not
-# known), peaking at `nlp.train.FINE_TUNE_PEAK`.
+# known), peaking at `nlp.training.train.FINE_TUNE_PEAK`.
 FINE_TUNING = {"schedule": "budget", "warmup_share": 0.1}
 
 

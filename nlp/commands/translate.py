@@ -13,8 +13,8 @@ better; -1000000000.0000 marks a slot with no hypothesis). The first hypothesis 
 sentence is what translating without --nbest prints.
 
 --model may also be a CTranslate2 directory (tfx-export --format ctranslate2): it translates
-with ctranslate2.Translator at the export's beam settings (nlp.ct2_runtime says where its
-search differs from the SavedModel's), and --beam-size takes any width there.
+with ctranslate2.Translator at the export's beam settings (nlp.export.ctranslate2_runtime says where
+its search differs from the SavedModel's), and --beam-size takes any width there.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from tfx_transformer.quiet import quiet_start
 
 quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lines
 
-from nlp.ct2_runtime import is_ct2_dir  # noqa: E402
-from nlp.evaluate import nbest_all, translate_all  # noqa: E402
-from nlp.serving import (  # noqa: E402
+from nlp.export.ctranslate2_runtime import is_ct2_dir  # noqa: E402
+from nlp.export.load import (  # noqa: E402
     NBEST,
     NotATranslatorError,
     load_translator,
     nbest_size,
     read_info,
 )
+from nlp.training.evaluate import nbest_all, translate_all  # noqa: E402
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def check_nbest(nbest: int | None, info: dict, model: str, beam_size: int | None
     if size is None:
         raise ValueError(f"--nbest {nbest}: --model {model} has no {NBEST!r} signature (it was "
                          "exported before n-best lists existed); export the model again "
-                         "(nlp.export.export_translator)")
+                         "(nlp.export.translator.export_translator)")
     if nbest > size:
         raise ValueError(f"--nbest {nbest}: this export keeps {size} hypotheses per sentence "
                          f"(its beam size); give --nbest 1 to {size}")
@@ -89,9 +89,10 @@ def check_nbest(nbest: int | None, info: dict, model: str, beam_size: int | None
 
 
 def translate_ct2(args) -> int:
-    """``--model`` a CTranslate2 directory: `nlp.ct2_runtime.Ct2Translator` prints the lines."""
+    """``--model`` a CTranslate2 directory: `nlp.export.ctranslate2_runtime.Ct2Translator` prints
+    the lines."""
     try:
-        from nlp.ct2_runtime import Ct2Translator
+        from nlp.export.ctranslate2_runtime import Ct2Translator
 
         translator = Ct2Translator(args.model)
     except ImportError as error:
@@ -143,7 +144,8 @@ def command(argv=None) -> int:
         return 0
     if translate.nbest_size is None:  # translator.json lists it, the SavedModel lacks it
         raise ValueError(f"--nbest {args.nbest}: --model {args.model} has no {NBEST!r} "
-                         "signature; export the model again (nlp.export.export_translator)")
+                         "signature; export the model again "
+                         "(nlp.export.translator.export_translator)")
     lists = nbest_all(translate.translate_nbest, texts, args.nbest, args.batch_size,
                       progress=False)
     for number, hypotheses in enumerate(lists, start=1):

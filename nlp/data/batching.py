@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from nlp.tokenizer import Tokenizer
+from nlp.text.tokenizer import Tokenizer
 from tfx_transformer import checks
 
 __all__ = ["BatchStats", "bucket_boundaries", "count_batches", "make_batches"]

@@ -1,12 +1,12 @@
-"""The translator as a CTranslate2 model (`nlp.ct2_export`, `nlp.ct2_runtime`) against this
-project's own search and SavedModel.
+"""The translator as a CTranslate2 model (`nlp.export.ctranslate2`,
+`nlp.export.ctranslate2_runtime`) against this project's own search and SavedModel.
 
 Models at random weights, every statistic randomized (LayerNorm scales and shifts, biases,
 embeddings, Marian's logits bias), so a weight put in the wrong place cannot pass: the
 project's layout (interleaved positions, relu, one tied vocabulary, bos start, GNMT length
 penalty) and Marian's (concat positions, swish, separate vocabularies with the output tied
 to the target embedding, a logits bias, pad start, transformers' length penalty).
-CTranslate2's beam and greedy tokens must equal `nlp.decoding.search`'s, its per-token
+CTranslate2's beam and greedy tokens must equal `nlp.search.decoding.search`'s, its per-token
 log-probabilities ``score_batch`` the Keras model's within 1e-4, and its translations the
 SavedModel's strings.
 """
@@ -24,10 +24,10 @@ import tensorflow as tf
 if importlib.util.find_spec("ctranslate2") is None:
     pytest.skip("ctranslate2 is not installed (make test installs it)", allow_module_level=True)
 
-from nlp import ct2_export  # noqa: E402
-from nlp.ct2_runtime import Ct2Translator, TextCodec, is_ct2_dir  # noqa: E402
-from nlp.decoding import DecodingSettings, search  # noqa: E402
-from nlp.model import Seq2SeqTransformer  # noqa: E402
+from nlp.export import ctranslate2  # noqa: E402
+from nlp.export.ctranslate2_runtime import Ct2Translator, TextCodec, is_ct2_dir  # noqa: E402
+from nlp.modeling.model import Seq2SeqTransformer  # noqa: E402
+from nlp.search.decoding import DecodingSettings, search  # noqa: E402
 from tfx_transformer import applications  # noqa: E402
 
 # One worker builds the module's models and CTranslate2 directories (pytest-xdist).
@@ -67,7 +67,7 @@ def _randomize(model, seed, eos_bias=0.0):
 
 
 def _model_dir(path, model, decoding, tokenizer=None, vocabs=None):
-    """A model directory as `nlp.ct2_export.write` reads it: model.keras, the tokenizer
+    """A model directory as `nlp.export.ctranslate2.write` reads it: model.keras, the tokenizer
     files, and the decoding settings (export/translator.json; for Marian, model.json as
     tfx-convert-nmt writes it)."""
     path.mkdir()
@@ -87,7 +87,7 @@ def _model_dir(path, model, decoding, tokenizer=None, vocabs=None):
 
 
 def _ours(model, sources, decoding, pad):
-    """`nlp.decoding.search` on ``sources`` (ids, eos appended): rows cut after eos."""
+    """`nlp.search.decoding.search` on ``sources`` (ids, eos appended): rows cut after eos."""
     width = max(map(len, sources))
     batch = np.array([s + [pad] * (width - len(s)) for s in sources], "int32")
     rows = np.asarray(search(model, batch, decoding)).tolist()
@@ -111,7 +111,7 @@ def project(nmt_export, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ct2_project")
     directory = _model_dir(tmp / "model", model, GNMT, tokenizer=tokenizer)
     for precision in ("float32", "int8"):
-        ct2_export.write(directory, tmp / precision, precision, None)
+        ctranslate2.write(directory, tmp / precision, precision, None)
     sources = [tokenizer.encode(s) + [tokenizer.eos_id] for s in SENTENCES]
     beam = _ours(model, sources, GNMT, tokenizer.pad_id)
     return model, tokenizer, sources, beam, tmp / "float32", tmp / "int8"
@@ -163,7 +163,7 @@ def test_pre_norm_gelu_and_an_own_output_projection_too(project, tmp_path):
     assert other.encoder.norm is not None and other.output_projection is not None
     _randomize(other, seed=8)
     directory = _model_dir(tmp_path / "model", other, GNMT, tokenizer=tokenizer)
-    ct2_export.write(directory, tmp_path / "ct2", "float32", None)
+    ctranslate2.write(directory, tmp_path / "ct2", "float32", None)
     vocab = _vocab(tokenizer)
     _check_scores(other, tmp_path / "ct2", sources, vocab, vocab, seed=9)
 
@@ -197,7 +197,7 @@ def test_translations_equal_the_savedmodels(nmt_export, tmp_path, capsys):
     directory = _model_dir(tmp_path / "model", model, GNMT, tokenizer=tokenizer)
     shutil.rmtree(directory / "export")
     shutil.copytree(export, directory / "export")
-    settings = ct2_export.write(directory / "export", tmp_path / "ct2", "float32", None)
+    settings = ctranslate2.write(directory / "export", tmp_path / "ct2", "float32", None)
     assert is_ct2_dir(tmp_path / "ct2") and settings["beam_size"] == GNMT.beam_size
     saved = tf.saved_model.load(str(export))
     translator = Ct2Translator(tmp_path / "ct2")
@@ -234,7 +234,7 @@ def test_marian_layout_tokens_equal_our_search(tmp_path, nmt_export):
     directory = _model_dir(tmp_path / "marian", model, MARIAN, vocabs=vocabs)
     for name in ("source.spm", "target.spm"):
         shutil.copyfile(nmt_export[2].parent / "tok.model", directory / name)
-    settings = ct2_export.write(directory, tmp_path / "ct2", "float32", None)
+    settings = ctranslate2.write(directory, tmp_path / "ct2", "float32", None)
     assert settings["patience"] == 4 and settings["convention"] == "transformers"
     translator = Ct2Translator(tmp_path / "ct2", threads=1)
     rng = np.random.default_rng(6)
@@ -248,20 +248,20 @@ def test_marian_layout_tokens_equal_our_search(tmp_path, nmt_export):
 
 def test_what_ctranslate2_cannot_hold_is_refused_by_name(project, tmp_path):
     # tfx-export finds the writer by its format name (pyproject.toml's entry point).
-    assert applications.load(applications.FORMATS, "ctranslate2") is ct2_export.write
+    assert applications.load(applications.FORMATS, "ctranslate2") is ctranslate2.write
     model, _, _, _, float32, _ = project
     directory = float32.parent / "model"
     with pytest.raises(ValueError, match="float16"):
-        ct2_export.write(directory, tmp_path / "a", "float16", None)
+        ctranslate2.write(directory, tmp_path / "a", "float16", None)
     with pytest.raises(ValueError, match="bfloat16"):
-        ct2_export.write(directory, tmp_path / "b", "bfloat16", None)
+        ctranslate2.write(directory, tmp_path / "b", "bfloat16", None)
     with pytest.raises(ValueError, match="input size"):
-        ct2_export.write(directory, tmp_path / "c", "float32", 640)
+        ctranslate2.write(directory, tmp_path / "c", "float32", 640)
     with pytest.raises(ValueError, match="no model.keras"):
-        ct2_export.write(tmp_path, tmp_path / "d", "float32", None)
+        ctranslate2.write(tmp_path, tmp_path / "d", "float32", None)
     elu = Seq2SeqTransformer.from_config({**model.get_config(), "activation": "elu"})
     with pytest.raises(ValueError, match="activation 'elu'"):
-        ct2_export.model_spec(elu, ["a"] * model.vocab_size, ["a"] * model.vocab_size,
+        ctranslate2.model_spec(elu, ["a"] * model.vocab_size, ["a"] * model.vocab_size,
                               "<s>", "</s>", "<unk>")
     assert not any(p.name.startswith(".ct2-") for p in tmp_path.iterdir())
 
@@ -269,7 +269,7 @@ def test_what_ctranslate2_cannot_hold_is_refused_by_name(project, tmp_path):
 def test_marian_text_goes_in_and_out_as_marian_tokenizer_does(nmt_export, tmp_path):
     # ct2_runtime tokenizes without TensorFlow: the language code, pieces missing from
     # vocab.json (unk), and decoding that drops eos, pad and unk, as MarianTokenizer does.
-    from nlp.marian_tokenizer import MarianTokenizer
+    from nlp.text.marian_tokenizer import MarianTokenizer
 
     spm_file = nmt_export[2].parent / "tok.model"
     pieces = [nmt_export[1].id_to_piece(i) for i in range(4, nmt_export[1].vocab_size)]

@@ -6,10 +6,10 @@ import keras
 import numpy as np
 import pytest
 
-from nlp import beam, decode_steps, decoding
-from nlp.decoding import DecodingSettings
-from nlp.model import Seq2SeqTransformer
-from nlp.special_ids import BOS_ID, EOS_ID
+from nlp.modeling.model import Seq2SeqTransformer
+from nlp.search import beam, decoding, steps
+from nlp.search.decoding import DecodingSettings
+from nlp.text.special_ids import BOS_ID, EOS_ID
 
 EOS = EOS_ID
 
@@ -349,7 +349,7 @@ def test_cached_beam_search_equals_uncached_past_the_first_cache_width(nbest, tr
     # padding between them in a graph); the uncached reference eagerly (a trace costs seconds).
     model, extra = _never_eos(30, seed=1), 12
     source = np.array([[5, 6, 7, 3, 0], [8, 9, 10, 11, 3]], "int32")
-    assert decode_steps.FIRST_WIDTH_EXTRA + 5 + 5 // 4 < 5 + extra
+    assert steps.FIRST_WIDTH_EXTRA + 5 + 5 // 4 < 5 + extra
     kwargs = dict(beam_size=3, length_penalty=0.6, extra_length=extra, nbest=nbest,
                   return_scores=True)
     cached = (decoding.compile_search(model, "beam", **kwargs)(source) if traced
@@ -406,7 +406,7 @@ def test_per_hypothesis_top_k_is_the_global_top_k_ties_included(beam_size, vocab
     batch = 6
     logp = -rng.integers(0, 4, (batch * beam_size, vocab_size)).astype("float32")
     alive = -rng.integers(0, 3, (batch, beam_size)).astype("float32")
-    alive[0, 1:] = decode_steps.NEG
+    alive[0, 1:] = steps.NEG
     score, parent, token = (np.asarray(x) for x in beam._best_extensions(
         keras.ops.convert_to_tensor(alive), keras.ops.convert_to_tensor(logp), beam_size))
     flat = (alive[..., None] + logp.reshape(batch, beam_size, vocab_size)).reshape(batch, -1)

@@ -5,8 +5,8 @@ and ``NllbTokenizer`` themselves.
 to width 32 (2+2 layers, pre-norm with final LayerNorms, fairseq positions from 2, a tied
 embedding two rows longer than the tokenizer, a few real language codes after a SentencePiece
 BPE vocabulary), saves it as the Hub serves an NLLB folder and records transformers' numbers
-with eng_Latn -> deu_Latn. The folder, read by `nlp.m2m100.read_m2m100`, must give the same:
-positions, encoder output and logits within 1e-4; beam-search (4) and greedy tokens; source,
+with eng_Latn -> deu_Latn. The folder, read by `nlp.pretrained.m2m100.read_m2m100`, must give the
+same: positions, encoder output and logits within 1e-4; beam-search (4) and greedy tokens; source,
 target and decoded strings; the ids and loss fine-tuning trains on. `tfx-convert-nmt` (the
 command users run) writes the model directory, whose export must translate plain strings as
 ``generate`` does, as must its CTranslate2 export (run with CTranslate2's ``target_prefix``),
@@ -33,11 +33,11 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
 import keras  # noqa: E402
 
 import tfx_transformer as tt  # noqa: E402
-from nlp import m2m100  # noqa: E402
-from nlp.decoding import DecodingSettings, search  # noqa: E402
-from nlp.hf_config import read_weights  # noqa: E402
-from nlp.m2m100 import read_m2m100  # noqa: E402
-from nlp.model_dir import read_model_dir  # noqa: E402
+from nlp.pretrained import m2m100  # noqa: E402
+from nlp.pretrained.hf_config import read_weights  # noqa: E402
+from nlp.pretrained.m2m100 import read_m2m100  # noqa: E402
+from nlp.pretrained.model_dir import read_model_dir  # noqa: E402
+from nlp.search.decoding import DecodingSettings, search  # noqa: E402
 
 SOURCE, TARGET = "eng_Latn", "deu_Latn"
 EOS = 2
@@ -210,18 +210,19 @@ def test_the_export_translates_plain_strings_as_generate_does(reference, model_d
 
 def test_the_ctranslate2_export_translates_as_generate_with_the_target_prefix(
         reference, model_dir, tmp_path):
-    # CTranslate2 as its users run an NLLB model, through `nlp.ct2_runtime.Ct2Translator`
-    # (what `tfx-translate --model CT2DIR` runs): the source starts with the source language,
-    # the target language is the target prefix. Its score leaves the prefix's log-probability
-    # out and counts the prefix in the length, as transformers' forced first token; a beam cut
-    # at the limit is ours with </s> (log-probability 0) added.
+    # CTranslate2 as its users run an NLLB model, through
+    # `nlp.export.ctranslate2_runtime.Ct2Translator` (what `tfx-translate --model CT2DIR` runs):
+    # the source starts with the source language, the target language is the target prefix. Its
+    # score leaves the prefix's log-probability out and counts the prefix in the length, as
+    # transformers' forced first token; a beam cut at the limit is ours with </s> (log-probability
+    # 0) added.
     if importlib.util.find_spec("ctranslate2") is None:
         pytest.skip("ctranslate2 is not installed")
-    from nlp import ct2_export
-    from nlp.ct2_runtime import Ct2Translator
+    from nlp.export import ctranslate2
+    from nlp.export.ctranslate2_runtime import Ct2Translator
 
     _, _, expected = reference
-    settings = ct2_export.write(model_dir, tmp_path / "ct2", "float32", None)
+    settings = ctranslate2.write(model_dir, tmp_path / "ct2", "float32", None)
     assert (settings["tokenizer"], settings["source_lang"], settings["target_lang"]) == \
         ("nllb", SOURCE, TARGET)
     _, tokenizer, _, _ = read_model_dir(model_dir)

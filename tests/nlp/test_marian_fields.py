@@ -1,5 +1,5 @@
 """The converter's rule for config fields, checked against transformers itself: every field
-MarianMTModel's modeling code reads is read or held at its one value by `nlp.marian`, and
+MarianMTModel's modeling code reads is read or held at its one value by `nlp.pretrained.marian`, and
 every generation setting is read, has no effect on the tokens, or is held at
 GenerationConfig's own default. A field outside these is bookkeeping (accepted), except in
 generation_config.json, where an unknown field is refused naming that file."""
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from nlp import hf_config, marian
+from nlp.pretrained import hf_config, marian
 
 if not importlib.util.find_spec("transformers"):
     pytest.skip("transformers is not installed (make test installs it)", allow_module_level=True)

@@ -4,7 +4,8 @@ refusals, as users run them: the scripts, their default flags.
 The model directory is built here without transformers (its parity with transformers is
 tests/nlp/test_marian_reference.py): two SentencePiece models with OPUS-MT's ids (unk 0 in
 SentencePiece, ``</s>`` 0 and ``<pad>`` last in ``vocab.json``), a tiny
-``Seq2SeqTransformer`` with Marian's settings, written by `nlp.model_dir.write_model_dir`.
+``Seq2SeqTransformer`` with Marian's settings, written by
+`nlp.pretrained.model_dir.write_model_dir`.
 """
 
 import json
@@ -14,10 +15,10 @@ import pytest
 import sentencepiece as spm
 
 from nlp.data.embedded import generate_pairs
-from nlp.decoding import DecodingSettings
-from nlp.marian_tokenizer import MarianTokenizer
-from nlp.model import Seq2SeqTransformer
-from nlp.model_dir import write_model_dir
+from nlp.modeling.model import Seq2SeqTransformer
+from nlp.pretrained.model_dir import write_model_dir
+from nlp.search.decoding import DecodingSettings
+from nlp.text.marian_tokenizer import MarianTokenizer
 
 pytestmark = pytest.mark.xdist_group("marian_finetune")  # its module fixtures are built once
 
@@ -158,7 +159,7 @@ def test_the_converter_script_refuses_from_the_shell(tmp_path, marian_dir, run_s
      "forced_eos_token_id=5 differs"),
 ])
 def test_read_marian_names_what_it_refuses(tmp_path, marian_dir, case, message):
-    from nlp.marian import read_marian
+    from nlp.pretrained.marian import read_marian
 
     with pytest.raises(ValueError, match=message):
         read_marian(_folder(tmp_path, marian_dir, **case))

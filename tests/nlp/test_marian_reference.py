@@ -4,12 +4,12 @@
 included), OPUS-MT's own layout shrunk to width 32 (``shared``: 6+6 layers, swish, one
 tied vocabulary) and one with separate source and target vocabularies (``separate``), saves
 each as the Hub serves an OPUS-MT folder, and records transformers' encoder output, logits,
-``generate`` results and ``MarianTokenizer`` ids. Each folder, read by `nlp.marian.read_marian`,
-must give the same numbers: encoder output and logits within 1e-4, the same beam-search and
-greedy tokens, the same source ids and decoded strings. The ``separate`` folder is also
-converted by the command users run (``scripts/convert_nmt.py``'s `main`, by its Hub id), and
-its export must translate as ``generate`` does in a process with only TensorFlow and TF-Text.
-Needs torch and transformers (``make test`` installs them).
+``generate`` results and ``MarianTokenizer`` ids. Each folder, read by
+`nlp.pretrained.marian.read_marian`, must give the same numbers: encoder output and logits within
+1e-4, the same beam-search and greedy tokens, the same source ids and decoded strings. The
+``separate`` folder is also converted by the command users run (``scripts/convert_nmt.py``'s `main`,
+by its Hub id), and its export must translate as ``generate`` does in a process with only TensorFlow
+and TF-Text. Needs torch and transformers (``make test`` installs them).
 """
 
 import importlib.util
@@ -28,8 +28,8 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
     pytest.skip("torch and transformers are not installed (make test installs them)",
                 allow_module_level=True)
 
-from nlp.decoding import DecodingSettings, search  # noqa: E402
-from nlp.marian import marian_settings, read_marian  # noqa: E402
+from nlp.pretrained.marian import marian_settings, read_marian  # noqa: E402
+from nlp.search.decoding import DecodingSettings, search  # noqa: E402
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,9 +1,9 @@
-"""Tests for nlp.callbacks: early stopping on validation BLEU."""
+"""Tests for nlp.training.callbacks: early stopping on validation BLEU."""
 
 import keras
 import numpy as np
 
-from nlp.callbacks import Patience
+from nlp.training.callbacks import Patience
 from tfx_transformer.training.callbacks import MetricsLogger
 from tfx_transformer.training.workdir import read_metrics
 

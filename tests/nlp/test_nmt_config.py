@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from nlp.config import PRESETS, NMTConfig, preset
-from nlp.decoding import DecodingSettings
-from nlp.model import build_model
+from nlp.modeling.model import build_model
+from nlp.search.decoding import DecodingSettings
 
 
 def _expected_params(config: NMTConfig, vocab_size: int) -> int:
@@ -109,7 +109,7 @@ def test_config_is_frozen():
 
 def test_clip_norm_flag_clips_the_global_gradient_norm(monkeypatch, capsys):
     import nlp.commands.train as command
-    from nlp.train import compile_model
+    from nlp.training.train import compile_model
     from tfx_transformer.replicas import GlobalClipAdam
 
     seen = {}

@@ -9,8 +9,8 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from nlp.data import batching, sources
-from nlp.tokenizer import Tokenizer
-from nlp.vocabulary import train_tokenizer
+from nlp.text.tokenizer import Tokenizer
+from nlp.text.vocabulary import train_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import keras
 import numpy as np
 import pytest
 
-from nlp.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
-from nlp.model import Seq2SeqTransformer
-from nlp.special_ids import BOS_ID, EOS_ID
+from nlp.modeling.losses import MaskedAccuracy, MaskedLabelSmoothedCrossEntropy
+from nlp.modeling.model import Seq2SeqTransformer
+from nlp.text.special_ids import BOS_ID, EOS_ID
 
 LAYOUT = Path(__file__).with_name("seq2seq_weights_layout.json")
 

@@ -17,11 +17,11 @@ from nlp.commands import translate as translate_command
 from nlp.config import preset
 from nlp.data.batching import make_batches
 from nlp.data.embedded import generate_pairs
-from nlp.decoding import DecodingSettings, search
-from nlp.export import SOURCE_LENGTH_MULTIPLE, make_translate_fn
-from nlp.tokenizer import Tokenizer
-from nlp.train import build_tokenizer, count_batches, train_nmt
-from nlp.vocabulary import train_tokenizer
+from nlp.export.translator import SOURCE_LENGTH_MULTIPLE, make_translate_fn
+from nlp.search.decoding import DecodingSettings, search
+from nlp.text.tokenizer import Tokenizer
+from nlp.text.vocabulary import train_tokenizer
+from nlp.training.train import build_tokenizer, count_batches, train_nmt
 from tfx_transformer.training.run import RunOptions
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from nlp import evaluate
+from nlp.training import evaluate
 from tfx_transformer.cli import run_cli
 
 COMMANDS = {"translate.py": "nlp.commands.translate", "evaluate_nmt.py": "nlp.commands.evaluate"}

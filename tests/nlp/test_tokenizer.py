@@ -1,4 +1,5 @@
-"""Tests of the SentencePiece vocabulary and tokenizer (`nlp.vocabulary`, `nlp.tokenizer`)."""
+"""Tests of the SentencePiece vocabulary and tokenizer (`nlp.text.vocabulary`,
+`nlp.text.tokenizer`)."""
 
 import io
 import re
@@ -7,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 from nlp.data.embedded import generate_pairs
-from nlp.special_ids import SPECIAL_PIECES
-from nlp.tokenizer import Tokenizer
-from nlp.vocabulary import PLACEHOLDER_PATTERN, mine_placeholders, train_tokenizer
+from nlp.text.special_ids import SPECIAL_PIECES
+from nlp.text.tokenizer import Tokenizer
+from nlp.text.vocabulary import PLACEHOLDER_PATTERN, mine_placeholders, train_tokenizer
 
 SENTENCES = [
     "Ich habe einundzwanzig Äpfel.",
@@ -83,7 +84,7 @@ def test_vocab_is_clamped_for_tiny_data(tokenizer, model_path):
     # The file keeps the size asked for, so that the same command reuses it on a rerun.
     from sentencepiece import sentencepiece_model_pb2
 
-    from nlp.train import build_tokenizer
+    from nlp.training.train import build_tokenizer
 
     proto = sentencepiece_model_pb2.ModelProto.FromString(tokenizer.model_proto)
     assert proto.trainer_spec.vocab_size == 8000 and len(proto.pieces) == tokenizer.vocab_size
@@ -268,9 +269,10 @@ def test_byte_pieces_only_when_they_take_at_most_an_eighth_of_the_free_ids(tmp_p
 
 
 def test_extras_that_do_not_fit_fall_back_to_the_plain_vocabulary(tmp_path, monkeypatch):
-    import nlp.vocabulary
+    import nlp.text.vocabulary
 
-    monkeypatch.setattr(nlp.vocabulary, "_copy_options", lambda sentences, size: (True, ["%s"]))
+    monkeypatch.setattr(nlp.text.vocabulary, "_copy_options",
+                        lambda sentences, size: (True, ["%s"]))
     texts = ["Ich habe zwölf Äpfel.", "I have twelve apples."]
     needed = _characters(texts)
     tokenizer = Tokenizer.from_file(train_tokenizer(texts, tmp_path / "x.model", needed))

@@ -1,5 +1,5 @@
-"""The Translator SavedModel (`nlp.export` writes it, `nlp.serving` loads it): translator.json,
-loading, n-best lists, what is refused, atomicity."""
+"""The Translator SavedModel (`nlp.export.translator` writes it, `nlp.export.load` loads it):
+translator.json, loading, n-best lists, what is refused, atomicity."""
 
 import json
 import os
@@ -11,13 +11,13 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from nlp import export, serving
 from nlp.config import DECODING_FIELDS
 from nlp.data.embedded import generate_pairs
-from nlp.decoding import DecodingSettings, search
-from nlp.evaluate import nbest_all, translate_all
-from nlp.model import Seq2SeqTransformer
-from nlp.special_ids import EOS_ID
+from nlp.export import load, translator
+from nlp.modeling.model import Seq2SeqTransformer
+from nlp.search.decoding import DecodingSettings, search
+from nlp.text.special_ids import EOS_ID
+from nlp.training.evaluate import nbest_all, translate_all
 
 pytestmark = pytest.mark.xdist_group("translator_export")  # its module fixtures are built once
 
@@ -35,7 +35,7 @@ def exported(nmt_export):
 def loaded(exported):
     """The export, loaded for beam search and for greedy search (loading takes seconds)."""
     path = exported[2]
-    return serving.load_translator(path), serving.load_translator(path, beam_size=1)
+    return load.load_translator(path), load.load_translator(path, beam_size=1)
 
 
 def _reference(model, tokenizer, texts, decoding):
@@ -64,24 +64,24 @@ def _snapshot(directory):
 def test_translator_json_records_decoding_and_signatures(exported):
     _, tokenizer, path = exported
     assert not (path / "stale.txt").exists()  # the directory was replaced, not merged
-    info = json.loads((path / serving.INFO_FILE).read_text())
-    assert info == serving.read_info(path)
+    info = json.loads((path / load.INFO_FILE).read_text())
+    assert info == load.read_info(path)
     assert DecodingSettings(**{k: info[k] for k in DECODING_FIELDS}) == DECODING
     assert info["signatures"] == {
-        serving.SERVING: {"beam_size": 3}, serving.GREEDY: {"beam_size": 1},
-        serving.NBEST: {"beam_size": 3, "output_keys": ["hypotheses", "scores"]}}
-    assert (info["input_key"], info["output_key"]) == (serving.INPUT_KEY, serving.OUTPUT_KEY)
+        load.SERVING: {"beam_size": 3}, load.GREEDY: {"beam_size": 1},
+        load.NBEST: {"beam_size": 3, "output_keys": ["hypotheses", "scores"]}}
+    assert (info["input_key"], info["output_key"]) == (load.INPUT_KEY, load.OUTPUT_KEY)
     assert info["vocab_size"] == tokenizer.vocab_size
-    assert info["format_version"] == 2 and serving.nbest_size(info) == 3
+    assert info["format_version"] == 2 and load.nbest_size(info) == 3
     # The SavedModel's signatures, as saved_model.pb lists them for a server (no load: seconds).
     saved = saved_model_pb2.SavedModel.FromString((path / "saved_model.pb").read_bytes())
     signatures = {name: (set(signature.inputs), set(signature.outputs))
                   for name, signature in saved.meta_graphs[0].signature_def.items()
                   if not name.startswith("__")}  # (not the initializer of its tables)
-    translation = ({serving.INPUT_KEY}, {serving.OUTPUT_KEY})
-    assert signatures == {serving.SERVING: translation, serving.GREEDY: translation,
-                          serving.NBEST: ({serving.INPUT_KEY},
-                                          {serving.HYPOTHESES_KEY, serving.SCORES_KEY})}
+    translation = ({load.INPUT_KEY}, {load.OUTPUT_KEY})
+    assert signatures == {load.SERVING: translation, load.GREEDY: translation,
+                          load.NBEST: ({load.INPUT_KEY},
+                                          {load.HYPOTHESES_KEY, load.SCORES_KEY})}
 
 
 def test_loaded_translator_equals_in_process_decoding(exported, loaded):
@@ -89,7 +89,7 @@ def test_loaded_translator_equals_in_process_decoding(exported, loaded):
     beam = _reference(model, tokenizer, TEXTS, DECODING)
     greedy = _reference(model, tokenizer, TEXTS, DECODING.greedy())
     assert beam[0] and greedy[0]  # the untrained model still writes something
-    in_process = export.make_translate_fn(model, tokenizer, DECODING, jit_compile=False)
+    in_process = translator.make_translate_fn(model, tokenizer, DECODING, jit_compile=False)
     assert _texts(in_process) == beam
     assert _texts(loaded[0]) == beam
     assert _texts(loaded[1]) == greedy
@@ -160,11 +160,11 @@ def _texts_of(translate, texts):
 def test_load_translator_errors(exported, tmp_path):
     _, _, path = exported
     with pytest.raises(ValueError, match=r"beam_size=2: this export decodes with beam_size=3"):
-        serving.load_translator(path, beam_size=2)
+        load.load_translator(path, beam_size=2)
     with pytest.raises(ValueError, match="beam_size=0"):
-        serving.load_translator(path, beam_size=0)
-    with pytest.raises(serving.NotATranslatorError) as info:
-        serving.load_translator(tmp_path / "nothing")
+        load.load_translator(path, beam_size=0)
+    with pytest.raises(load.NotATranslatorError) as info:
+        load.load_translator(tmp_path / "nothing")
     assert str(info.value) == f"{tmp_path / 'nothing'} does not exist (expected DIR/export of " \
                               "a trained translator)"
 
@@ -199,7 +199,7 @@ def test_what_is_not_a_translator_is_named(exported, tmp_path, layout, reason):
         (path / "classes.json").write_text('{"class_names": ["cat"], "category_ids": null}')
     elif layout == "no_info":
         shutil.copytree(exported[2], path)
-        (path / serving.INFO_FILE).unlink()
+        (path / load.INFO_FILE).unlink()
     elif layout in ("images", "other_signature"):
         module = _signature_module("images", tf.uint8)
         name = "serving_default" if layout == "images" else "other"
@@ -216,9 +216,9 @@ def test_what_is_not_a_translator_is_named(exported, tmp_path, layout, reason):
     else:
         path.mkdir()
     if layout in ("images", "other_signature", "no_nbest", "corrupt"):
-        shutil.copy(exported[2] / serving.INFO_FILE, path)  # past read_info, to the SavedModel
-    with pytest.raises(serving.NotATranslatorError) as info:
-        serving.load_translator(path)
+        shutil.copy(exported[2] / load.INFO_FILE, path)  # past read_info, to the SavedModel
+    with pytest.raises(load.NotATranslatorError) as info:
+        load.load_translator(path)
     assert info.value.path == str(path) and reason in info.value.reason
     assert str(info.value).startswith(f"{path} ")
 
@@ -238,16 +238,16 @@ def test_what_is_not_a_translator_is_named(exported, tmp_path, layout, reason):
 def test_a_bad_translator_json_is_named(exported, tmp_path, change, message):
     path = tmp_path / "export"
     shutil.copytree(exported[2], path)
-    info = json.loads((path / serving.INFO_FILE).read_text())
+    info = json.loads((path / load.INFO_FILE).read_text())
     changed = change(info)
-    (path / serving.INFO_FILE).write_text(changed if isinstance(changed, str)
+    (path / load.INFO_FILE).write_text(changed if isinstance(changed, str)
                                           else json.dumps(changed))
     with pytest.raises(ValueError) as error:
-        serving.load_translator(path)
-    assert str(error.value).startswith(f"{path / serving.INFO_FILE} ")
+        load.load_translator(path)
+    assert str(error.value).startswith(f"{path / load.INFO_FILE} ")
     assert message in str(error.value)
     with pytest.raises(ValueError, match="`info` records no 'translate_nbest' signature size"):
-        serving.nbest_size({"signatures": {serving.SERVING: {"beam_size": 3}}})
+        load.nbest_size({"signatures": {load.SERVING: {"beam_size": 3}}})
 
 
 def test_a_sentence_translates_the_same_alone_and_in_a_batch(exported):
@@ -263,7 +263,7 @@ def test_a_sentence_translates_the_same_alone_and_in_a_batch(exported):
     model.output_projection.bias.assign(bias)
     short, long = TEXTS[0], " ".join([TEXTS[2]] * 2)  # 16 and 30 tokens
     # (Without XLA, to stay fast: the 16-token XLA padding is padding like the batch's.)
-    translate = export.make_translate_fn(model, tokenizer, DECODING, jit_compile=False)
+    translate = translator.make_translate_fn(model, tokenizer, DECODING, jit_compile=False)
     alone = translate(tf.constant([short])).numpy()[0]
     batch = translate(tf.constant([short, long])).numpy()
     assert batch[0] == alone
@@ -275,11 +275,11 @@ def test_a_sentence_translates_the_same_alone_and_in_a_batch(exported):
 def test_make_translate_fn_takes_decoding_settings(exported, tmp_path):
     model, tokenizer, path = exported
     with pytest.raises(TypeError, match="`decoding` must be a DecodingSettings"):
-        export.make_translate_fn(model, tokenizer, 3)
+        translator.make_translate_fn(model, tokenizer, 3)
     with pytest.raises(TypeError, match="`decoding` must be a DecodingSettings"):
-        export.export_translator(model, tokenizer, tmp_path / "export", 3)
+        translator.export_translator(model, tokenizer, tmp_path / "export", 3)
     with pytest.raises(ValueError, match="max_positions"):
-        export.make_translate_fn(model, tokenizer, DecodingSettings(extra_length=120))
+        translator.make_translate_fn(model, tokenizer, DecodingSettings(extra_length=120))
 
 
 def test_failed_export_leaves_the_previous_export_untouched(exported, tmp_path, monkeypatch):
@@ -295,11 +295,12 @@ def test_failed_export_leaves_the_previous_export_untouched(exported, tmp_path, 
 
     monkeypatch.setattr(tf.saved_model, "save", write_half_and_fail)
     with pytest.raises(OSError, match="disk full"):
-        export.export_translator(model, tokenizer, target, DECODING, jit_compile=False)
+        translator.export_translator(model, tokenizer, target, DECODING, jit_compile=False)
     assert _snapshot(target) == before
     assert sorted(os.listdir(tmp_path)) == ["export"]  # no temporary directory left behind
     with pytest.raises(OSError, match="disk full"):
-        export.export_translator(model, tokenizer, tmp_path / "new", DECODING, jit_compile=False)
+        translator.export_translator(model, tokenizer, tmp_path / "new", DECODING,
+                                     jit_compile=False)
     assert sorted(os.listdir(tmp_path)) == ["export"]  # nothing half-written at a new path
 
 
@@ -323,6 +324,6 @@ def test_failed_final_move_puts_the_previous_export_back(exported, tmp_path, mon
 
     monkeypatch.setattr(os, "replace", replace_but_not_into_target)
     with pytest.raises(OSError, match="device busy"):
-        export.export_translator(model, tokenizer, target, DECODING, jit_compile=False)
+        translator.export_translator(model, tokenizer, target, DECODING, jit_compile=False)
     assert _snapshot(target) == before
     assert sorted(os.listdir(tmp_path)) == ["export"]

@@ -30,14 +30,14 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from nlp.vocabulary import train_tokenizer
+from nlp.text.vocabulary import train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = {  # scripts/NAME -> the command module it runs
     "train_nmt.py": "nlp.commands.train", "translate.py": "nlp.commands.translate",
     "evaluate_nmt.py": "nlp.commands.evaluate", "train_detr.py": "vision.commands.train",
     "detect.py": "vision.commands.detect", "evaluate_detr.py": "vision.commands.evaluate",
-    "quickstart.py": "tfx_transformer.quickstart"}
+    "quickstart.py": "tfx_transformer.commands.quickstart"}
 CATEGORIES = [{"id": i + 1, "name": n} for i, n in enumerate(("circle", "square", "triangle"))]
 SIZES = {"0.png": (24, 32), "1.png": (30, 40), "2.png": (32, 24)}  # (height, width)
 
@@ -138,7 +138,7 @@ def fx(tmp_path_factory):
             tf.TensorSpec([None], tf.string, name="text"))
     nbest = (lambda t: {"hypotheses": tf.stack([t] * 4, 1), "scores": tf.zeros([tf.size(t), 4])},
              text[1])
-    _save(fx / "translator", "translator.json", {  # as nlp.export writes it
+    _save(fx / "translator", "translator.json", {  # as nlp.export.translator writes it
         "format_version": 2, "beam_size": 4, "length_penalty": 0.6, "extra_length": 50,
         "signatures": {"serving_default": {"beam_size": 4}, "greedy": {"beam_size": 1},
                        "translate_nbest": {"beam_size": 4,

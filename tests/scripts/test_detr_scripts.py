@@ -177,7 +177,7 @@ def _coco_of_own_detections(folder, export, categories):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    from vision.serving import load_detector
+    from vision.export.load import load_detector
 
     detector = load_detector(export)
     id_of = {name: i for i, name in categories.items()}

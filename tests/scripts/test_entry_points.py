@@ -48,7 +48,7 @@ def test_command_is_an_importable_main_wrapped_by_its_script(name):
 
 
 def test_the_commands_of_one_application_never_import_the_other():
-    # nlp and vision stay independent; only tfx_transformer.quickstart runs both.
+    # nlp and vision stay independent; only tfx_transformer.commands.quickstart runs both.
     for package, other in (("nlp", "vision"), ("vision", "nlp")):
         for path in (ROOT / package / "commands").glob("*.py"):
             text = path.read_text(encoding="utf-8")

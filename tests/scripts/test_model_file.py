@@ -60,7 +60,7 @@ def _check(work, package, class_name, checkpoints, tmp_path):
 @pytest.mark.xdist_group("nmt_workdir")  # with the other tests of the shared runs
 def test_a_translation_run_writes_model_keras_with_its_averaged_weights(nmt_workdir, tmp_path):
     work, _, _ = nmt_workdir  # --epochs 2 --average-last 2
-    _check(work, "nlp", "nlp.model.Seq2SeqTransformer",
+    _check(work, "nlp", "nlp.modeling.model.Seq2SeqTransformer",
            ["epoch-001.weights.h5", "epoch-002.weights.h5"], tmp_path)
 
 

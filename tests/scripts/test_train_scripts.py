@@ -15,7 +15,7 @@ from tfx_transformer.training.run import RunOptions
 from vision import config as detr_config
 
 COMMANDS = {"train_nmt.py": "nlp.commands.train", "train_detr.py": "vision.commands.train",
-            "quickstart.py": "tfx_transformer.quickstart"}
+            "quickstart.py": "tfx_transformer.commands.quickstart"}
 
 
 def _script(name, trainer_name, monkeypatch):
@@ -101,7 +101,7 @@ class _Stop(Exception):
 
 def test_quickstart_trains_both_tiny_presets(monkeypatch, tmp_path):
     import nlp.quickstart
-    import nlp.train
+    import nlp.training.train
     import vision.training.train
 
     module = importlib.import_module(COMMANDS["quickstart.py"])
@@ -112,7 +112,7 @@ def test_quickstart_trains_both_tiny_presets(monkeypatch, tmp_path):
         raise _Stop  # what follows needs a trained model
 
     # The quick start imports the applications when it runs them.
-    monkeypatch.setattr(nlp.train, "train_nmt", record)
+    monkeypatch.setattr(nlp.training.train, "train_nmt", record)
     monkeypatch.setattr(vision.training.train, "train_detr", record)
     with pytest.raises(_Stop):  # the parts in the order of their names: detection first
         module.main(["--minutes", "3", "--workdir", str(tmp_path)])

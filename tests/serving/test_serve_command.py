@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from tfx_transformer.serving.command import main
+from tfx_transformer.commands.serve import main
 
 pytestmark = pytest.mark.xdist_group("serving")
 

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from nlp.serving import load_translator
-from vision.serving import load_detector
+from nlp.export.load import load_translator
+from vision.export.load import load_detector
 
 pytestmark = pytest.mark.xdist_group("serving")
 

@@ -22,9 +22,9 @@ import tensorflow as tf
 import tfx_transformer.training.distribute as distribute
 from nlp.data.batching import make_batches
 from nlp.data.embedded import generate_pairs
-from nlp.tokenizer import Tokenizer
-from nlp.train import build_tokenizer, count_batches
-from nlp.vocabulary import train_tokenizer
+from nlp.text.tokenizer import Tokenizer
+from nlp.text.vocabulary import train_tokenizer
+from nlp.training.train import build_tokenizer, count_batches
 from tfx_transformer.replicas import (
     GlobalClipAdam,
     clip_by_global_norm_of_sum,
@@ -143,8 +143,8 @@ MIRRORED_STEPS = textwrap.dedent("""
 
     from nlp.config import preset as nmt_preset
     from nlp.data.batching import make_batches
-    from nlp.model import build_model as build_nmt
-    from nlp.train import compile_model
+    from nlp.modeling.model import build_model as build_nmt
+    from nlp.training.train import compile_model
 
     # warmup_steps 100,000: lr(1) = 16^-0.5 * 100,000^-1.5 ~ 8e-9 (lr_scale 1), far below atol.
     nmt = nmt_preset("tiny", vocab_size=16, d_model=16, num_heads=2, ffn_dim=32, dropout=0.0,

@@ -39,7 +39,7 @@ _CHILD = """
 import json, sys
 import nlp, keras
 stand_in = keras.saving.get_custom_objects()["nlp>Seq2SeqTransformer"]
-before = "nlp.model" in sys.modules
+before = "nlp.modeling.model" in sys.modules
 rebuilt = keras.saving.deserialize_keras_object(json.loads(sys.argv[1]))
 print(json.dumps({"before": before, "stand_in": repr(stand_in), "type": type(rebuilt).__module__
                   + "." + type(rebuilt).__name__, "config": rebuilt.get_config()}))
@@ -47,7 +47,7 @@ print(json.dumps({"before": before, "stand_in": repr(stand_in), "type": type(reb
 
 
 def test_a_stand_in_imports_its_module_when_keras_first_uses_it():
-    from nlp.model import Seq2SeqTransformer
+    from nlp.modeling.model import Seq2SeqTransformer
 
     model = Seq2SeqTransformer(vocab_size=11, num_encoder_layers=1, num_decoder_layers=1,
                                d_model=8, num_heads=2, ffn_dim=16, max_positions=16)
@@ -56,11 +56,12 @@ def test_a_stand_in_imports_its_module_when_keras_first_uses_it():
                           capture_output=True, text=True, check=True)
     report = json.loads(done.stdout.splitlines()[-1])
     assert report["before"] is False
-    assert report["stand_in"] == "<nlp>Seq2SeqTransformer, registered when nlp.model is imported>"
-    assert report["type"] == "nlp.model.Seq2SeqTransformer"
+    assert report["stand_in"] == ("<nlp>Seq2SeqTransformer, registered when nlp.modeling.model "
+                                  "is imported>")
+    assert report["type"] == "nlp.modeling.model.Seq2SeqTransformer"
     assert report["config"] == json.loads(json.dumps(model.get_config()))
 
 
 def test_a_name_its_module_does_not_register_is_named():
-    with pytest.raises(LookupError, match="nlp.model does not register 'nlp>Nothing'"):
-        registry._Deferred("nlp>Nothing", "nlp.model").resolve()
+    with pytest.raises(LookupError, match="nlp.modeling.model does not register 'nlp>Nothing'"):
+        registry._Deferred("nlp>Nothing", "nlp.modeling.model").resolve()

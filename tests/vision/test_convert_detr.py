@@ -16,8 +16,8 @@ from safetensors.numpy import save_file
 from vision.commands import convert
 from vision.config import preset
 from vision.modeling.detr import build_model
-from vision.pretrained import init_from, load_reference_checkpoint
-from vision.reference import COCO_CATEGORIES, read_reference
+from vision.pretrained.detr import COCO_CATEGORIES, read_reference
+from vision.pretrained.init_from import init_from, load_reference_checkpoint
 
 D, FFN, HEADS = 256, 2048, 8
 N_A = [0, 12, 26, 29, 30, 45, 66, 68, 69, 71, 83]  # the COCO ids no category has

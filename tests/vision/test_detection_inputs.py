@@ -232,9 +232,9 @@ def _extreme_records():
 
 
 def test_a_5000x10_image_trains_and_evaluates():
+    from vision.export.saved_model import make_detect_fn
     from vision.modeling.detr import build_criterion, build_model
     from vision.modeling.optimizer import build_optimizer
-    from vision.training.export import make_detect_fn
 
     config = preset("tiny", hidden_dim=16, num_heads=2, ffn_dim=32, num_queries=4,
                     tiny_filters=(8, 8, 16), num_encoder_layers=1, num_decoder_layers=1,

@@ -16,11 +16,11 @@ from tfx_transformer.training.workdir import read_metrics
 from vision.config import preset
 from vision.data.batching import ObjectLimit, TooManyObjectsError, make_batches
 from vision.data.sources import DetectionSource
+from vision.export.saved_model import preprocess_images
 from vision.modeling.detr import build_model
 from vision.modeling.optimizer import DetrAdamW
 from vision.plots import cross_attention, draw_detections, plot_query_attention
 from vision.training.evaluate import coco_evaluate, evaluate_records
-from vision.training.export import preprocess_images
 from vision.training.train import train_detr
 
 # COCO's AP is the mean, over IoU thresholds 0.50:0.05:0.95 and over the categories with

@@ -14,9 +14,9 @@ import tensorflow as tf
 from PIL import Image
 
 from vision.data.batching import ObjectLimit, make_batches
+from vision.export.load import load_detector
+from vision.export.saved_model import export_detector, make_detect_fn
 from vision.modeling.postprocess import postprocess
-from vision.serving import load_detector
-from vision.training.export import export_detector, make_detect_fn
 
 # One worker runs this module, so that its module fixtures are built once.
 pytestmark = pytest.mark.xdist_group("detr_export")

@@ -1,6 +1,6 @@
 """D-FINE folders of transformers (``DFineForObjectDetection``: config.json +
-model.safetensors) converted by `vision.rtdetr_convert` / `vision.dfine_convert`, against
-transformers' own outputs, and `vision.dfine_config` on the published field set.
+model.safetensors) converted by `vision.pretrained.rtdetr` / `vision.pretrained.dfine`, against
+transformers' own outputs, and `vision.pretrained.dfine_config` on the published field set.
 
 reference_dfine.py (its own process) saves two tiny D-FINEs of random weights, every
 statistic randomized: ``small`` (affine blocks, 3 levels, no decoder input projection) and
@@ -17,7 +17,8 @@ import shutil
 import numpy as np
 import pytest
 
-from vision import dfine_config, rtdetr_config, rtdetr_convert
+from vision.pretrained import dfine_config, rtdetr_config
+from vision.pretrained import rtdetr as rtdetr_convert
 
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
@@ -179,7 +180,7 @@ def test_convert_then_export_and_litert_detect_photos_as_transformers(reference,
     import io
 
     from vision.commands.convert import main
-    from vision.serving import load_detector
+    from vision.export.load import load_detector
 
     folder, expected = reference
     out, printed = tmp_path / "converted", io.StringIO()
@@ -194,7 +195,7 @@ def test_convert_then_export_and_litert_detect_photos_as_transformers(reference,
     assert json.loads((out / "export" / "classes.json").read_text())
     from ai_edge_litert.interpreter import Interpreter
 
-    from vision.formats import DetectorConverter, find_source, prepare_image
+    from vision.export.litert_onnx import DetectorConverter, find_source, prepare_image
 
     source = find_source(out)
     with DetectorConverter(source) as converter:

@@ -8,9 +8,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-from vision import dfine_config, rtdetr_convert
 from vision.matching.fdr_losses import decoupled_distillation_loss, fine_grained_localization_loss
 from vision.modeling.dfine_decoder import weighting_function
+from vision.pretrained import dfine_config
+from vision.pretrained import rtdetr as rtdetr_convert
 
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
@@ -135,7 +136,7 @@ def test_each_preset_is_the_published_architecture(size):
 
 def test_init_from_a_dfine_folder_loads_all_but_the_class_heads(reference):
     from vision.config import preset
-    from vision.pretrained import init_from, rtdetr_folder_config
+    from vision.pretrained.init_from import init_from, rtdetr_folder_config
     from vision.training.train import build_rtdetr_model
 
     folder, _ = reference

@@ -1,4 +1,4 @@
-"""The LiteRT and ONNX detectors (vision.formats) against the SavedModel, and tfx-export.
+"""The LiteRT and ONNX detectors (vision.export.litert_onnx) against the SavedModel, and tfx-export.
 
 One tiny untrained detector (images resized to 48, longest side 64) is converted once per
 variant. The reference is the export itself: its ``serving_bytes``
@@ -18,8 +18,8 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from tfx_transformer import formats as command
-from vision.formats import (
+from tfx_transformer.commands import export as command
+from vision.export.litert_onnx import (
     DetectorConverter,
     find_source,
     prepare_image,
@@ -39,8 +39,8 @@ def run_dir(tmp_path_factory):
     import keras
 
     from vision.config import preset
+    from vision.export.saved_model import export_detector
     from vision.modeling.detr import build_model
-    from vision.training.export import export_detector
 
     # One decoder layer: each of the five conversions (four LiteRT, one ONNX) takes time in
     # proportion to the graph's operations; the aux outputs of more layers are not exported.

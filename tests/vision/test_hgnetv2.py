@@ -1,5 +1,5 @@
 """`vision.modeling.hgnetv2` against transformers' ``HGNetV2Backbone`` at random weights, and
-`vision.hgnetv2_config.hgnetv2_settings` on the published field set.
+`vision.pretrained.hgnetv2_config.hgnetv2_settings` on the published field set.
 
 reference_hgnetv2.py runs two tiny transformers backbones (affine blocks on and off, light and
 ordinary stages, with and without downsampling, two blocks in a stage, images of odd size) in
@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import pytest
 
-from vision.hgnetv2_config import hgnetv2_settings
 from vision.modeling.hgnetv2 import HGNetV2Backbone, transformers_arrays
+from vision.pretrained.hgnetv2_config import hgnetv2_settings
 
 # The tests reading the reference stay on one worker, which runs it once.
 pytestmark = pytest.mark.xdist_group("torch_reference")

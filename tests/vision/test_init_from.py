@@ -1,4 +1,4 @@
-"""`vision.pretrained.init_from`: a detector started from an export, a work directory or a
+"""`vision.pretrained.init_from.init_from`: a detector started from an export, a work directory or a
 model.keras, the class heads kept, reordered or re-initialized, queries cut, misfits refused."""
 
 import shutil
@@ -13,7 +13,7 @@ from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.workdir import Workdir
 from vision.config import preset
 from vision.modeling.detr import build_model
-from vision.pretrained import check_init_source, init_from
+from vision.pretrained.init_from import check_init_source, init_from
 from vision.training.train import DetectionTask, train_detr
 
 DETR_NAMES = ("circle", "square", "triangle")  # the session's detr_export (tests/conftest.py)

@@ -5,8 +5,8 @@ statistics randomized too, so that the buffers' conversion matters) is saved as 
 saves it (``model.safetensors`` + ``config.json``, the layout of ``facebook/detr-resnet-50``)
 and as facebookresearch/detr's ``.pth`` (``{"model": state_dict}`` under its names: packed
 ``in_proj_weight``, ``norm1``-``3``, ``class_embed``, ...); each is read by
-`vision.pretrained.load_reference_checkpoint` and must give transformers' logits and boxes,
-every decoder layer's too, on a padded batch of two images of different sizes. transformers'
+`vision.pretrained.init_from.load_reference_checkpoint` and must give transformers' logits and
+boxes, every decoder layer's too, on a padded batch of two images of different sizes. transformers'
 model has its own ResNet-50 backbone, saved under timm's names (reference_detr.py): no timm or
 torchvision needed. Needs the ``[reference]`` extra (torch, transformers)."""
 
@@ -19,8 +19,8 @@ import sys
 import numpy as np
 import pytest
 
-from vision.pretrained import load_reference_checkpoint
-from vision.reference import COCO_CATEGORIES
+from vision.pretrained.detr import COCO_CATEGORIES
+from vision.pretrained.init_from import load_reference_checkpoint
 
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
@@ -67,8 +67,8 @@ def test_init_from_a_pth_loads_every_weight_but_the_class_head(reference):
     folder, _, _ = reference
     from vision.config import preset
     from vision.modeling.detr import build_model
-    from vision.pretrained import init_from
-    from vision.reference import read_reference
+    from vision.pretrained.detr import read_reference
+    from vision.pretrained.init_from import init_from
 
     config = preset("r50-detr", num_encoder_layers=2, num_decoder_layers=2)  # the file's
     model, lines = build_model(config, 2), []

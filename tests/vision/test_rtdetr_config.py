@@ -1,11 +1,12 @@
-"""The RT-DETR presets against the published models' config.json (`vision.rtdetr_config`)."""
+"""The RT-DETR presets against the published models' config.json
+(`vision.pretrained.rtdetr_config`)."""
 
 import copy
 
 import pytest
 
-from vision import rtdetr_config
 from vision.config import PRESETS
+from vision.pretrained import rtdetr_config
 
 COCO = {str(i): f"class {i}" for i in range(80)}
 

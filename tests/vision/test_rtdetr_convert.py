@@ -1,5 +1,5 @@
 """RT-DETR folders of transformers (``RTDetrForObjectDetection``: config.json +
-model.safetensors) converted by `vision.rtdetr_convert`, against transformers' own outputs.
+model.safetensors) converted by `vision.pretrained.rtdetr`, against transformers' own outputs.
 
 reference_rtdetr.py (its own process: transformers' PyTorch modeling code and TensorFlow in one
 process crash) saves a tiny RT-DETR of random weights, every BatchNorm statistic randomized,
@@ -17,8 +17,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from vision import rtdetr_config, rtdetr_convert
 from vision.modeling.rtdetr_backbone import RTDetrResNetBackbone, transformers_arrays
+from vision.pretrained import rtdetr as rtdetr_convert
+from vision.pretrained import rtdetr_config
 
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
@@ -242,7 +243,7 @@ def test_convert_writes_a_model_file_and_an_export_that_detects_as_transformers(
         reference, converted):
     """tfx-convert-detr on the folder, then the export on uint8 photos against transformers'
     image processor, model and post-processing (every query's best pair, threshold 0)."""
-    from vision.serving import load_detector
+    from vision.export.load import load_detector
 
     _, expected = reference
     assert expected["photo_margin"] > 5e-4
@@ -296,8 +297,8 @@ def test_litert_and_onnx_files_detect_as_the_export(reference, converted):
     """The LiteRT (builtin operators only) and ONNX float32 files of the converted model, on
     the photos as `prepare_image` gives them (resized to 64 x 96, no padding): the export's
     labels, scores within 1e-5, boxes within 1e-4 of the side."""
-    from vision.formats import DetectorConverter, find_source, prepare_image
-    from vision.serving import load_detector
+    from vision.export.litert_onnx import DetectorConverter, find_source, prepare_image
+    from vision.export.load import load_detector
 
     _, expected = reference
     out, _ = converted
@@ -327,7 +328,7 @@ def _assert_int8_full_keeps_the_layer_norms_float(float32: bytes, full: bytes) -
     benchmarks/README.md): the dense layers in int8, every LayerNorm tensor in float."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from vision.formats import _layer_norm_tensors
+    from vision.export.litert_onnx import _layer_norm_tensors
 
     norms = _layer_norm_tensors(float32)
     # Each of the 2 decoder layers' 3 LayerNorms, the encoder's 2 and the selection's 1.

@@ -9,8 +9,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from vision import rtdetr_convert
 from vision.modeling.rtdetr import rtdetr_criterion
+from vision.pretrained import rtdetr as rtdetr_convert
 
 if not all(importlib.util.find_spec(name) for name in ("torch", "transformers")):
     pytest.skip("the [reference] extra (pip install -e '.[reference]': torch, transformers) "
@@ -155,7 +155,7 @@ def test_init_from_an_rtdetr_folder_reinitializes_or_reorders_the_class_heads(re
     import keras
 
     from vision.config import preset
-    from vision.pretrained import init_from, rtdetr_folder_config
+    from vision.pretrained.init_from import init_from, rtdetr_folder_config
     from vision.training.train import build_rtdetr_model
 
     folder, _ = reference

@@ -31,7 +31,7 @@ quiet_start()  # before TensorFlow is imported
 
 from tfx_transformer.cli import run_cli  # noqa: E402
 from tfx_transformer.training.workdir import NEW_DIR_MODE  # noqa: E402
-from vision.rtdetr_config import RTDETR_TYPES  # noqa: E402
+from vision.pretrained.rtdetr_config import RTDETR_TYPES  # noqa: E402
 
 
 def command(argv=None) -> int:
@@ -48,10 +48,10 @@ def command(argv=None) -> int:
         parser.error(f"--out {args.out}: already exists; choose a new directory (nothing in "
                      "it is replaced)")
     from vision.data.augment import FixedSize
-    from vision.training.export import export_detector
+    from vision.export.saved_model import export_detector
 
     if os.path.isdir(args.checkpoint) and _model_type(args.checkpoint) in RTDETR_TYPES:
-        from vision.rtdetr_convert import load_rtdetr
+        from vision.pretrained.rtdetr import load_rtdetr
 
         model = load_rtdetr(args.checkpoint, "checkpoint")
         size = FixedSize(**model.preprocessing)
@@ -65,7 +65,7 @@ def command(argv=None) -> int:
               f"{size.height}x{size.width} input")
         image_size, max_size = size, None
     else:
-        from vision.pretrained import load_reference_checkpoint
+        from vision.pretrained.init_from import load_reference_checkpoint
 
         checkpoint = args.checkpoint
         if os.path.isdir(checkpoint):  # a DetrForObjectDetection folder

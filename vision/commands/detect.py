@@ -27,8 +27,8 @@ import tensorflow as tf  # noqa: E402
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
 from tfx_transformer.serving.images import MAX_IMAGE_PIXELS, pixel_problem  # noqa: E402
 from vision.data.decode import decode_image  # noqa: E402
+from vision.export.load import load_detector  # noqa: E402
 from vision.plots import draw_detections  # noqa: E402
-from vision.serving import load_detector  # noqa: E402
 
 
 def _output_name(path: str, taken: set[str]) -> str:

@@ -23,7 +23,7 @@ quiet_start()  # before TensorFlow is imported; --verbose keeps its start-up lin
 
 from tfx_transformer.cli import positive, run_cli  # noqa: E402
 from vision.data.sources import evaluation_split, load_source  # noqa: E402
-from vision.serving import load_detector, read_classes  # noqa: E402
+from vision.export.load import load_detector, read_classes  # noqa: E402
 from vision.training.evaluate import evaluate_records, match_labels  # noqa: E402
 
 

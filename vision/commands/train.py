@@ -25,7 +25,7 @@ from tfx_transformer.cli import (  # noqa: E402
     run_options_from_args,
 )
 from vision.config import PRESETS, preset  # noqa: E402
-from vision.pretrained import check_init_source  # noqa: E402
+from vision.pretrained.init_from import check_init_source  # noqa: E402
 from vision.training.train import train_detr  # noqa: E402
 
 # DetrConfig field -> flag and argparse keywords.

@@ -211,7 +211,7 @@ def build_backbone(
         backbone = ResNetBackbone(int(name.removeprefix("resnet")), name="backbone", **kwargs)
         backbone.build((None, None, None, 3))
         if weights is not None:
-            from vision.reference import read_state_dict
+            from vision.pretrained.detr import read_state_dict
 
             backbone.load_torchvision(read_state_dict(weights, "--backbone-weights"),
                                       f"--backbone-weights {weights}")

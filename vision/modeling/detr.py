@@ -103,7 +103,7 @@ class DETR(SetLossModel):
         ``(B, S, C + 1)``, ``pred_boxes`` ``(B, S, 4)`` and ``valid`` ``(B, S)`` (False for
         padded cells). ``S`` depends on the padded image size, so ``model.predict`` over
         batches of different sizes cannot concatenate them: call the model per batch (as
-        `vision.training.export` does) or use fixed-size batches.
+        `vision.export.saved_model` does) or use fixed-size batches.
     """
 
     def __init__(

@@ -15,8 +15,8 @@ Two ways in:
 - `coco_evaluate(ground_truth, detections)`: per-image dicts of boxes you already have
   (for instance `vision.modeling.postprocess.postprocess` outputs scaled to the original images);
 - `evaluate_records(detect, records)`: runs ``detect`` (uint8 images -> boxes/scores/labels,
-  e.g. `vision.training.export.make_detect_fn` in process or a loaded
-  `vision.serving.Detector`) over
+  e.g. `vision.export.saved_model.make_detect_fn` in process or a loaded
+  `vision.export.load.Detector`) over
   a split's records (`vision.data.DetectionSource.records`) and scores it.
 """
 

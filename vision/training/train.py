@@ -28,12 +28,12 @@ from vision.data.augment import DetrSizes, FixedSize
 from vision.data.batching import ObjectLimit, make_batches
 from vision.data.image_check import CACHE_FILE
 from vision.data.sources import load_source
+from vision.export.saved_model import export_detector, make_detect_fn
 from vision.modeling.detr import build_criterion, build_model
 from vision.modeling.optimizer import build_optimizer
 from vision.modeling.rtdetr import rtdetr_criterion
-from vision.pretrained import check_init_source, init_from, rtdetr_folder_config
+from vision.pretrained.init_from import check_init_source, init_from, rtdetr_folder_config
 from vision.training.evaluate import evaluate_records
-from vision.training.export import export_detector, make_detect_fn
 
 __all__ = ["DetectionTask", "train_detr"]
 
@@ -61,8 +61,8 @@ class DetectionTask(Task):
         log: where progress lines go.
         skip_bad_images: train without the ``coco:`` image files that cannot be used (and
             their annotations) instead of stopping with their names.
-        init_from: start a new run from these weights (`vision.pretrained.init_from`: a work
-            directory, an export, a ``model.keras`` or, with an RT-DETR preset, a
+        init_from: start a new run from these weights (`vision.pretrained.init_from.init_from`: a
+            work directory, an export, a ``model.keras`` or, with an RT-DETR preset, a
             transformers RT-DETR or D-FINE folder, whose architecture replaces the preset's); a
             resumed run starts from its own.
     """
@@ -234,7 +234,7 @@ def _folder_scaling(folder) -> dict:
     """The pixel scaling and normalization of an RT-DETR folder's image processor (its
     ``preprocessor_config.json``, or the processor's defaults); the size is the run's."""
     from tfx_transformer.hf_files import read_json
-    from vision.rtdetr_config import preprocessing_settings
+    from vision.pretrained.rtdetr_config import preprocessing_settings
 
     path = os.path.join(os.fspath(folder), "preprocessor_config.json")
     settings = preprocessing_settings(read_json(path) if os.path.isfile(path) else None, path)
@@ -247,8 +247,8 @@ def build_rtdetr_model(config: DetrConfig, num_classes: int):
     `rtdetr_criterion` (the config's matcher costs, solver, auxiliary losses and weights,
     ``loss_ce`` weighting the varifocal loss; `dfine_criterion` with FGL and DDF for D-FINE)."""
     from vision.modeling.dfine import DFine, dfine_criterion
-    from vision.rtdetr_config import rtdetr_settings
-    from vision.rtdetr_convert import build_rtdetr
+    from vision.pretrained.rtdetr import build_rtdetr
+    from vision.pretrained.rtdetr_config import rtdetr_settings
 
     fields = {**config.rtdetr, "num_queries": config.num_queries, "dropout": config.dropout}
     model = build_rtdetr(rtdetr_settings(fields, f"preset {config.name}: rtdetr"), num_classes)
@@ -292,7 +292,7 @@ def train_detr(data: str, workdir: str | os.PathLike, config: DetrConfig, run: R
             truncated, not decodable, over PIL's decompression-bomb limit) and their
             annotations; without it they end the run before training, named.
         init_from: a new run starts from these weights instead of random ones: a finished
-            work directory, an export or a ``model.keras`` (`vision.pretrained.init_from`:
+            work directory, an export or a ``model.keras`` (`vision.pretrained.init_from.init_from`:
             the class heads are re-initialized when the classes differ).
 
     Returns:

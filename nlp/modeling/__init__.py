@@ -1,0 +1,1 @@
+"""The translation model, `keras.ops` only: `Seq2SeqTransformer` and its losses."""

@@ -1,0 +1,1 @@
+"""Training a translator (`train_nmt`, `TranslationTask`), its callbacks and its evaluation."""

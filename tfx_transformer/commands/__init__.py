@@ -1,0 +1,1 @@
+"""The commands both applications share: `tfx-export`, `tfx-quickstart`, `tfx-serve`."""
