@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 import sacrebleu  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from nlp.export import ctranslate2  # noqa: E402
 from nlp.data.sources import evaluation_split, load_pairs  # noqa: E402
+from nlp.export import ctranslate2  # noqa: E402
 from nlp.export.ctranslate2_runtime import Ct2Translator  # noqa: E402
 from nlp.export.load import load_translator  # noqa: E402
 from nlp.text.tokenizer import Tokenizer  # noqa: E402

@@ -35,9 +35,9 @@ onednn_default()  # TensorFlow's oneDNN kernels, as the training commands run th
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from nlp.search import decoding  # noqa: E402
 from nlp.config import preset  # noqa: E402
 from nlp.modeling.model import build_model  # noqa: E402
+from nlp.search import decoding  # noqa: E402
 from nlp.text.special_ids import EOS_ID  # noqa: E402
 from tfx_transformer.replicas import GlobalClipAdam  # noqa: E402
 

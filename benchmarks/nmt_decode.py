@@ -49,10 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from nlp.search import decoding  # noqa: E402
 from nlp.data.sources import evaluation_split, load_pairs, read_tsv  # noqa: E402
 from nlp.export.load import load_translator, read_info  # noqa: E402
 from nlp.export.translator import export_translator  # noqa: E402
+from nlp.search import decoding  # noqa: E402
 from nlp.training.evaluate import translate_all  # noqa: E402
 
 TRAIN_STEPS = 300

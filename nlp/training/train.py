@@ -233,8 +233,9 @@ class TranslationTask(Task):
             model = self.initial.model
         else:
             model = build_model(config, vocab_size=self.tokenizer.vocab_size)
-        schedule = compile_model(model, config, jit_compile=run.jit_compile,
-                                 total_steps=total_steps, timed=run.time_budget is not None)
+        self.schedule = schedule = compile_model(
+            model, config, jit_compile=run.jit_compile, total_steps=total_steps,
+            timed=run.time_budget is not None)
         self.log(f"model: {config.name}, {model.count_params():,} parameters")
         if isinstance(schedule, BudgetSchedule):
             bound = " and ".join(filter(None, [

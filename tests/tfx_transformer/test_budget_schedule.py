@@ -61,7 +61,7 @@ def test_schedule_progress_counts_earlier_training_time_and_the_epoch():
     schedule = BudgetSchedule(PEAK, total_steps=None, warmup_share=0.1)
     now = [100.0]
     clock = RunClock(offset_seconds=120.0, clock=lambda: now[0])  # the run's, driven by fit
-    progress = ScheduleProgress(minutes=10.0, clock=clock)
+    progress = ScheduleProgress(schedule, minutes=10.0, clock=clock)
     holder = _Holder(keras.optimizers.Adam(schedule))
     for callback in (clock, progress):
         callback.set_model(holder)
@@ -144,3 +144,40 @@ def test_resumed_run_continues_the_schedule(tmp_path):
     np.testing.assert_allclose(first.rates + second.rates, whole.rates, rtol=1e-6)
     np.testing.assert_allclose(whole.rates, [formula((s + 1) / 10, 0.25) for s in range(10)],
                                rtol=1e-5, atol=1e-12)
+
+
+def test_the_trainer_tells_the_task_s_schedule_where_the_run_is(tmp_path):
+    """The schedule a task's `build_model` compiled with (its ``schedule``) is what the
+    trainer's `ScheduleProgress` feeds: DETR's step drop after epoch 1 shows in the history."""
+    import tensorflow as tf
+
+    from tfx_transformer.schedules import StepDropSchedule
+    from tfx_transformer.training.run import RunOptions
+    from tfx_transformer.training.trainer import Task, TaskData, Trainer
+
+    x = np.arange(24, dtype="float32").reshape(6, 4) / 24.0
+
+    class Toy(Task):
+        data, default_epochs = "embedded", 3
+
+        def load_data(self, context):
+            data = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1))).batch(3)
+            return TaskData(data, data, 2)
+
+        def build_model(self, context, data):
+            self.schedule = StepDropSchedule(0.1, drop_epoch=1)
+            model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+            model.compile(optimizer=keras.optimizers.SGD(self.schedule), loss="mse")
+            return model
+
+        def export(self, model, path):
+            path.mkdir()
+
+        def evaluate(self, model):
+            return {"valid": {}}
+
+    Trainer(tmp_path, RunOptions(seed=1), log=lambda *_: None).fit(Toy())
+    from tfx_transformer.training.workdir import read_metrics
+
+    history = read_metrics(tmp_path)["history"]
+    assert [e["learning_rate"] for e in history] == pytest.approx([0.1, 0.01, 0.01])

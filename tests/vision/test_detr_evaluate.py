@@ -253,7 +253,7 @@ def _lr(optimizer):
 def test_step_drop_by_epoch_is_detr_steplr():
     schedule = StepDropSchedule(2e-4, drop_epoch=3)
     optimizer = DetrAdamW(learning_rate=schedule)
-    progress = ScheduleProgress()  # what the trainer puts first in every fit
+    progress = ScheduleProgress(schedule)  # what the trainer puts first in every fit
     progress.set_model(_Holder(optimizer))
     progress.on_train_begin()
     rates = []
@@ -278,7 +278,7 @@ def test_step_drop_at_a_share_of_the_steps_or_of_the_run_time():
     optimizer = DetrAdamW(learning_rate=timed)
     # 30 s spent by an earlier process of the run: the drop comes 30 s into this one.
     clock = RunClock(offset_seconds=30.0, clock=lambda: now[0])  # the run's, driven by fit
-    progress = ScheduleProgress(minutes=2.0, clock=clock)
+    progress = ScheduleProgress(timed, minutes=2.0, clock=clock)
     for callback in (clock, progress):
         callback.set_model(_Holder(optimizer))
         callback.on_train_begin()

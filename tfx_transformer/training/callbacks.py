@@ -165,21 +165,23 @@ def plan_epochs(epochs: int, total_steps: int | None, steps_per_epoch: int | Non
 class ScheduleProgress(_Timed):
     """Tells a `tfx_transformer.schedules.RunSchedule` learning rate where the run is: its
     ``epoch`` at each epoch's start (as `fit` counts, over resumes) and, with a time budget of
-    ``minutes``, its ``progress`` before every step (the share of the budget spent). Any other
-    rate is left alone. Puts the rate into each epoch's logs as ``learning_rate``."""
+    ``minutes``, its ``progress`` before every step (the share of the budget spent). Puts the
+    optimizer's rate into each epoch's logs as ``learning_rate``.
 
-    def __init__(self, minutes: float | None = None, clock: RunClock | None = None):
-        super().__init__(clock)
-        self.minutes = minutes
+    Args:
+        schedule: the schedule the model was compiled with (a task's ``schedule``, what its
+            compile step returns). None, or any other schedule: nothing is told.
+        minutes: the run's time budget, or None.
+        clock: the run's `RunClock` (None: a new one).
+    """
 
-    @property
-    def schedule(self):
-        """The optimizer's `RunSchedule`, or None."""
+    def __init__(self, schedule=None, minutes: float | None = None,
+                 clock: RunClock | None = None):
         from tfx_transformer.schedules import RunSchedule
 
-        # Keras has no public accessor of the schedule object (`learning_rate` is its value).
-        rate = getattr(getattr(self.model, "optimizer", None), "_learning_rate", None)
-        return rate if isinstance(rate, RunSchedule) else None
+        super().__init__(clock)
+        self.schedule = schedule if isinstance(schedule, RunSchedule) else None
+        self.minutes = minutes
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)

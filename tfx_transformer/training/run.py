@@ -164,6 +164,10 @@ class Task:
     default_epochs: int
     state_files: tuple[str, ...] = ()
     averaging: Averaging = Averaging()
+    # The learning-rate schedule `build_model` compiled the model with, set there: the trainer
+    # tells it where the run is (`tfx_transformer.training.callbacks.ScheduleProgress`).
+    # None: a plain rate, or a schedule that needs no telling.
+    schedule: Any = None
 
     def load_data(self, context: RunContext) -> TaskData:
         raise NotImplementedError

@@ -256,7 +256,7 @@ class Trainer:
         progress = Progress(total, run.time_budget, clock=clock,
                             epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
         task_callbacks = list(task.callbacks(context, model))
-        all_callbacks = [ScheduleProgress(run.time_budget, clock),
+        all_callbacks = [ScheduleProgress(task.schedule, run.time_budget, clock),
                          *task_callbacks,
                          *standard_callbacks(workdir, run.time_budget, run.max_steps,
                                              clock=clock, keep_backup=True, progress=progress,

@@ -178,8 +178,8 @@ class DetectionTask(Task):
         """`DETR` (or `RTDetr`) compiled with its set criterion and AdamW on DETR's step
         drop."""
         config, run, classes = self.config, self.run, self.source.num_classes
-        schedule = StepDropSchedule(config.learning_rate, config.lr_drop_epochs,
-                                    config.lr_drop_fraction, run.max_steps)
+        self.schedule = schedule = StepDropSchedule(
+            config.learning_rate, config.lr_drop_epochs, config.lr_drop_fraction, run.max_steps)
         if config.architecture == "rtdetr":
             model, criterion = build_rtdetr_model(config, classes)
         else:
