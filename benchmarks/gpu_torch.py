@@ -3,7 +3,7 @@ worker (`TorchWorker` runs ``python benchmarks/gpu_torch.py WORKDIR``; torch and
 their own CUDA libraries, so they never share a process).
 
 Builds ``nmt_engines.py``'s OPUS-MT-layout ``MarianMTModel`` at the sizes of
-``WORKDIR/job.json``: random weights as ``tests/nlp/reference_marian.py`` makes them, the
+``WORKDIR/job.json``: random weights as ``tests/nlp/pretrained/reference_marian.py`` makes them, the
 filler ids (all but the first ``real`` after ``</s>`` and ``<unk>``) at ``final_logits_bias``
 -30, the ``<pad>`` row zeros (OPUS-MT's), and the eos bias bisected so that greedy translations
 of the first 32 sources are as long as those sources on average. Writes it with

@@ -14,12 +14,12 @@ import time
 
 from nmt_marian import ROOT, parse  # this script's folder is on the path when it runs
 
-REFERENCE = os.path.join(ROOT, "tests", "nlp", "reference_marian.py")
+REFERENCE = os.path.join(ROOT, "tests", "nlp", "pretrained", "reference_marian.py")
 
 
 def reference_module():
-    """``tests/nlp/reference_marian.py``, whose config, random weights and file writers the
-    benchmark's folder shares with the parity tests."""
+    """``tests/nlp/pretrained/reference_marian.py``, whose config, random weights and file writers
+    the benchmark's folder shares with the parity tests."""
     spec = importlib.util.spec_from_file_location("reference_marian", REFERENCE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -16,7 +16,7 @@ share a process with TensorFlow):
    projection, and so the beam steps, cost less than a real model's) and fill the
    fine-tuning batches; the first
    ``--sentences`` held-out sources (``valid_fraction=0.05, seed=0``) are translated;
-2. transformers builds the OPUS-MT folder as ``tests/nlp/reference_marian.py`` does (its
+2. transformers builds the OPUS-MT folder as ``tests/nlp/pretrained/reference_marian.py`` does (its
    config, its random weights and its files), but base-size: 6+6 layers, d_model 512, 8 heads,
    ffn 2048, swish, shared vocabulary (the union of both spm models, OPUS-MT's ``vocab.json``).
    With random weights the beams would run to the length limit; the bias of eos in

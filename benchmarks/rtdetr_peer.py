@@ -117,8 +117,8 @@ def peer_model(size: str, folder: str, family: str = "rtdetr", classes: int = 80
     transformers' own initialization leaves the class head's scores of many encoder cells
     exactly equal (constant weights), which makes the top-300 selection a tie-break; every
     convolution and linear layer is drawn again at the scale of its fan-in and every norm's
-    parameters and statistics randomized (as tests/vision/reference_rtdetr.py does), so that
-    the two implementations select the same queries."""
+    parameters and statistics randomized (as tests/vision/pretrained/reference_rtdetr.py does), so
+    that the two implementations select the same queries."""
     torch.manual_seed(0)
     config = peer_config(family, size, classes)
     model = (DFineForObjectDetection if family == "dfine" else RTDetrForObjectDetection)(

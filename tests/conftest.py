@@ -80,14 +80,14 @@ def _fresh_keras_state():
 # transformers are imported once; the tests that use it share the xdist group
 # "torch_reference" (one worker makes them, once).
 TORCH_REFERENCES = {
-    **{f"marian_{config}": ("nlp/reference_marian.py", "", (config,))
+    **{f"marian_{config}": ("nlp/pretrained/reference_marian.py", "", (config,))
        for config in ("shared", "separate", "tcbig")},
-    "m2m100": ("nlp/reference_m2m100.py", "", ()),
+    "m2m100": ("nlp/pretrained/reference_m2m100.py", "", ()),
     "deformable_attention": ("layers/reference_deformable_attention.py", ".npz", ()),
-    "rtdetr_decoder": ("vision/reference_rtdetr_decoder.py", ".npz", ()),
-    "rtdetr": ("vision/reference_rtdetr.py", "", ()),
-    "hgnetv2": ("vision/reference_hgnetv2.py", ".npz", ()),
-    "dfine": ("vision/reference_dfine.py", "", ()),
+    "rtdetr_decoder": ("vision/pretrained/reference_rtdetr_decoder.py", ".npz", ()),
+    "rtdetr": ("vision/pretrained/reference_rtdetr.py", "", ()),
+    "hgnetv2": ("vision/pretrained/reference_hgnetv2.py", ".npz", ()),
+    "dfine": ("vision/pretrained/reference_dfine.py", "", ()),
 }
 
 

@@ -2,8 +2,8 @@
 share: reading the folder's JSON files and weights, and the rule for config fields.
 
 Which config fields are read, and which are only bookkeeping, is decided by what transformers
-itself reads (tests/nlp/test_marian_fields.py checks these sets against its installed source
-and ``GenerationConfig``):
+itself reads (tests/nlp/pretrained/test_marian_fields.py checks these sets against its installed
+source and ``GenerationConfig``):
 
 - the model fields (each converter's ``MODEL_FIELDS``: every field its modeling file reads):
   each is read or has its one value;

@@ -40,8 +40,8 @@ ACTIVATIONS = {"swish": "silu", "silu": "silu", "relu": "relu", "gelu": "gelu",
                "tanh": "tanh", "sigmoid": "sigmoid"}
 # Every field modeling_marian.py reads from its config (plus tie_word_embeddings, read by
 # PreTrainedModel): each is read below or has its one value
-# (`nlp.pretrained.hf_config.check_fields`; tests/nlp/test_marian_fields.py checks the set against
-# the installed source).
+# (`nlp.pretrained.hf_config.check_fields`; tests/nlp/pretrained/test_marian_fields.py checks the
+# set against the installed source).
 MODEL_FIELDS = {"activation_dropout", "activation_function", "attention_dropout", "d_model",
                 "decoder_attention_heads", "decoder_ffn_dim", "decoder_layerdrop",
                 "decoder_layers", "decoder_start_token_id", "decoder_vocab_size", "dropout",

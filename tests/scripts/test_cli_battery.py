@@ -471,7 +471,7 @@ def test_stdin_with_a_byte_order_mark_and_umlauts_translates(fx, monkeypatch, ca
 def test_a_5000_by_10_image_is_read_batched_and_scored(fx, tmp_path, monkeypatch, capsys):
     """train_detr.py's own pipeline (default flags) batches 5000 x 10 images into the first
     training batch, and evaluate_detr.py scores them. One training step on such a batch and
-    the export's resize of them: tests/vision/test_detection_inputs.py,
+    the export's resize of them: tests/vision/data/test_detection_inputs.py,
     tests/scripts/test_detr_scripts.py (detect.py)."""
     sizes = {"wide.png": (10, 5000), "tall.png": (5000, 10), "a.png": (40, 60),
              "b.png": (48, 32), "c.png": (36, 36)}

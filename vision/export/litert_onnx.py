@@ -33,7 +33,8 @@ LiteRT: builtin operators only (no Flex), batch fixed (1 unless asked), in ``flo
 and activations of the convolutions and dense layers, calibrated on images of the run's own
 training data; attention and divisions stay float: `FLOAT_OPS`; RT-DETR's also keeps its
 LayerNorms, clips, logarithms and sigmoids in float: `RTDETR_FLOAT_OPS`). ONNX: opset 17, dynamic
-batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic quantization).
+batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic quantization;
+RT-DETR's query selection stays float: `QUERY_SELECTION`).
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ FLOAT_OPS = ["BATCH_MATMUL", "SOFTMAX", "SELECT_V2", "DIV"]
 # logarithms and sigmoids between box logits and boxes.
 RTDETR_FLOAT_OPS = FLOAT_OPS + ["MINIMUM", "MAXIMUM", "MEAN", "SQUARED_DIFFERENCE", "RSQRT",
                                 "LOG", "LOGISTIC"]
+# RT-DETR's (and D-FINE's) query selection: the encoder's output projection and class head,
+# whose scores pick the top-k cells the decoder starts from. The quantized `int8` ONNX file
+# keeps their products in float: in int8 they pick other cells (a D-FINE's AP50 fell by 0.013,
+# with them float by 0.008: benchmarks/README.md).
+QUERY_SELECTION = ("enc_output", "enc_score_head")
 # What writing and checking each format imports (the module names).
 RUNTIMES = {"litert": ("ai_edge_litert",), "onnx": ("tf2onnx", "onnxruntime")}
 _CLASSES_FILE = "classes.json"
@@ -189,6 +195,12 @@ class DetectorConverter:
                 denylisted_ops=ops, denylisted_nodes=nodes))
         return quantizer.get_nondebug_quantized_model()
 
+    def _float_nodes(self, proto) -> list[str]:
+        """The ONNX nodes dynamic quantization leaves in float: RT-DETR's query selection."""
+        from vision.modeling.rtdetr import RTDetr
+
+        return _query_selection_nodes(proto) if isinstance(self.model, RTDetr) else []
+
     def onnx(self, precision: str) -> bytes:
         """The ONNX model (opset `ONNX_OPSET`, dynamic batch) of ``precision``."""
         _check_precision("onnx", precision)
@@ -206,10 +218,19 @@ class DetectorConverter:
                 plain, quantized = os.path.join(tmp, "float.onnx"), os.path.join(tmp, "q.onnx")
                 with open(plain, "wb") as f:
                     f.write(data)
-                quantize_dynamic(plain, quantized, weight_type=QuantType.QInt8)
+                quantize_dynamic(plain, quantized, weight_type=QuantType.QInt8,
+                                 nodes_to_exclude=self._float_nodes(proto))
                 with open(quantized, "rb") as f:
                     data = f.read()
         return data
+
+
+def _query_selection_nodes(proto) -> list[str]:
+    """The ONNX nodes of an RT-DETR graph's query selection (`QUERY_SELECTION`): those under
+    its layers' name scopes."""
+    return [node.name for node in proto.graph.node
+            if any(f"/{name}_" in node.name or f"/{name}/" in node.name
+                   for name in QUERY_SELECTION)]
 
 
 def _layer_norm_tensors(data: bytes) -> list[str]:

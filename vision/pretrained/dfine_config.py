@@ -7,7 +7,7 @@ set against the installed source) is read here, or has the one value implemented
 only matters in training (losses, matcher, initialization; accepted). A field that would
 change the computation and is not implemented is refused by name, with its file. The
 published files (``ustc-community/dfine-{nano,small,medium,large,xlarge}-{coco,obj365,
-obj2coco}``) carry the fields of ``tests/vision/test_dfine_convert.py``'s
+obj2coco}``) carry the fields of ``tests/vision/pretrained/test_dfine_convert.py``'s
 ``PUBLISHED_LARGE``; each is read, fixed at the value it has, or training-only.
 """
 

@@ -8,7 +8,7 @@ over the points per level (v1's is 0.5 over the same count: only 0.5 is implemen
 ``decoder_method`` ``default`` (bilinear; ``discrete`` rounds the locations: refused).
 
 A field that transformers' RT-DETR modeling code reads (`MODEL_FIELDS`, `BACKBONE_FIELDS`;
-tests/vision/test_rtdetr_convert.py checks the sets against the installed source) is read
+tests/vision/pretrained/test_rtdetr_convert.py checks the sets against the installed source) is read
 here, or has the one value implemented (`_FIXED`), or only matters in training (`_TRAINING`:
 losses, matcher, initialization; accepted); every other field is bookkeeping
 (names, label maps, dtype...), accepted. A field that would change the computation and is not
@@ -33,7 +33,7 @@ __all__ = ["ACTIVATIONS", "ARCHITECTURES", "BACKBONE_FIELDS", "MODEL_FIELDS", "P
 RTDETR_TYPES = ("rt_detr", "rt_detr_v2", "d_fine")
 
 # Every field modeling_rt_detr.py and modeling_rt_detr_v2.py read from their config
-# (tests/vision/test_rtdetr_convert.py
+# (tests/vision/pretrained/test_rtdetr_convert.py
 # checks the set against the installed source), and those of the backbone's config
 # (modeling_rt_detr_resnet.py, and ``out_indices``/``out_features`` of BackboneMixin).
 MODEL_FIELDS = {

@@ -26,7 +26,7 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
 
 pytestmark = pytest.mark.xdist_group("torch_reference")
 
-ATOL, RTOL = 1e-4, 1e-5  # as tests/vision/test_rtdetr_convert.py's
+ATOL, RTOL = 1e-4, 1e-5  # as tests/vision/pretrained/test_rtdetr_convert.py's
 
 # A published D-FINE L config.json (docling-project's egret-large, written by transformers'
 # D-FINE conversion, the field set of ustc-community/dfine-*-coco): every field.

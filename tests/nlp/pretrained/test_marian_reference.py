@@ -31,7 +31,8 @@ if not all(importlib.util.find_spec(name) for name in ("torch", "transformers"))
 from nlp.pretrained.marian import marian_settings, read_marian  # noqa: E402
 from nlp.search.decoding import DecodingSettings, search  # noqa: E402
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
 
 CONFIGS = ("shared", "separate", "tcbig")

@@ -313,6 +313,15 @@ def test_litert_and_onnx_files_detect_as_the_export(reference, converted):
         full = converter.litert("int8-full", [{"images": pixels[None], "mask": mask[None]}
                                               for pixels, mask in inputs])
     _assert_int8_full_keeps_the_layer_norms_float(files["litert"], full)
+    import onnx
+
+    from vision.export.litert_onnx import _query_selection_nodes
+
+    kept = set(_query_selection_nodes(onnx.load_from_string(files["onnx"])))  # int8: float
+    products = [n.name for n in onnx.load_from_string(files["onnx"]).graph.node
+                if n.name in kept and n.op_type in ("MatMul", "Gemm")]
+    assert len(products) == 2 and {"enc_output", "enc_score_head"} == {
+        name for name in ("enc_output", "enc_score_head") for p in products if f"/{name}_" in p}
     for kind, data in files.items():
         for i, (pixels, mask) in enumerate(inputs):
             got = _run(kind, data, pixels, mask)

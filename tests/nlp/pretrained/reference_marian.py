@@ -77,20 +77,27 @@ What a converter must reproduce (transformers 5.x; file: function):
 """
 
 import argparse
-import io
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import sentencepiece
 import torch
 import transformers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_marian_releases import VARIANTS, release_config  # noqa: E402
+from reference_marian_text import (  # noqa: E402
+    SENTENCES,
+    opus_vocab,  # noqa: F401  (benchmarks/marian_stages.py reads it from this module)
+    text_outputs,
+    write_json,
+    write_tokenizer,
+)
+
 SEED = 0
-SPM_PIECES = 320  # each SentencePiece model's size
-LEFT_OUT = 5  # pieces of each spm model that vocab.json leaves out on purpose
-LANGUAGE_CODES = (">>fra<<", ">>deu<<")  # in the shared vocab.json only, as multilingual OPUS-MT's
 # The std of the random weights, and the bias added to final_logits_bias[eos], per config: sharp
 # attention (large q/k), small value/output projections and small biases keep the random decoder
 # from collapsing onto one token; the eos bias ends the beams at varied lengths.
@@ -101,157 +108,6 @@ PAD_BIAS = 4.0  # added to final_logits_bias[pad]: banning pad without renormali
 M = 12  # max_new_tokens of the batch generations
 M_UNBANNED = 6  # the fine-tune variant's (pad not banned, no renormalize_logits)
 EXTRA = 50  # generate_single: max_new_tokens = source length (with eos) + EXTRA, the export's
-
-EN_WORDS = (
-    "the a an this that my your our house car tree river city night day time year people man "
-    "woman child friend teacher doctor student book letter table window door water bread coffee "
-    "music game garden street station train school office market price is are was were be have "
-    "has had do does did will would can could should may must go goes went see saw make made "
-    "take took give gave find found think know want need open close read write send call come "
-    "leave stay work play buy sell pay help new old good bad big small long short red green "
-    "blue black white happy quiet early late and or but because if when while before after with "
-    "without from into over under very not never always often today tomorrow yesterday here "
-    "there now again please thanks file files user users error message page button settings "
-    "download upload"
-).split()
-DE_WORDS = (
-    "der die das ein eine dieser mein dein unser Haus Auto Baum Fluss Stadt Nacht Tag Zeit Jahr "
-    "Leute Mann Frau Kind Freund Lehrer Arzt Student Buch Brief Tisch Fenster Tür Wasser Brot "
-    "Kaffee Musik Spiel Garten Straße Bahnhof Zug Schule Büro Markt Preis ist sind war waren "
-    "sein haben hat hatte macht machte wird würde kann könnte soll muss geht ging sieht sah "
-    "nimmt nahm gibt gab findet fand denkt weiß will braucht öffnen schließen lesen schreiben "
-    "schicken rufen kommen bleiben arbeiten spielen kaufen verkaufen zahlen helfen neu alt gut "
-    "schlecht groß klein lang kurz rot grün blau schwarz glücklich ruhig früh spät und oder "
-    "aber weil wenn während vor nach mit ohne von in über unter sehr nicht nie immer oft heute "
-    "morgen gestern hier dort jetzt wieder bitte danke Größe Übung Äpfel Datei Dateien Benutzer "
-    "Fehler Nachricht Seite Einstellungen herunterladen hochladen"
-).split()
-ACCENTED = {"en": ["café", "naïve", "résumé", "façade", "jalapeño", "Zürich", "São", "Ångström"],
-            "de": ["Café", "Müller", "Köln", "Zürich", "Crème", "Señor", "Ørsted", "Łódź"]}
-FOREIGN = ["привет", "мир", "спасибо", "καλημέρα", "κόσμε", "東京", "日本語", "北京", "مرحبا",
-           "🙂", "👍"]
-PLACEHOLDERS = ["%s", "%d", "{name}", "{0}", "%(count)d", "%(name)s", "{{user}}", "$1", "%1$s"]
-TAGS = [("<b>", "</b>"), ("<i>", "</i>"), ('<a href="x">', "</a>"), ("<br/>", "")]
-QUOTES = {"en": ('"', '"'), "de": ("„", "“")}
-ASCII_LINE = "0 1 2 3 4 5 6 7 8 9 . , ; : ! ? ' \" ( ) [ ] { } < > / \\ - _ + = * & % $ # @ ~ ^ |"
-
-SENTENCES = [  # the parity batch: clearly different lengths (5 to ~28 tokens with eos)
-    "Hi.",
-    "My house is old.",
-    "The teacher and the doctor were here.",
-    "Send %s to {name}!",
-    "<b>The</b> %(count)d files were open.",
-    "Привет! The café in Zürich is open; is that good?",
-    "The doctor saw 3 people at the station, but the train was late!",
-    "The students took the early train to the city, but the school was closed.",
-]
-
-
-def number(rng) -> str:
-    forms = ["{}", "{}.{:02d}", "{},{:03d}", "{}%", "{}:{:02d}", "19{:02d}", "20{:02d}"]
-    form = forms[rng.integers(len(forms))]
-    return form.format(*(int(x) for x in rng.integers(0, 100, form.count("{"))))
-
-
-def sentence(rng, lang: str) -> str:
-    """A line of English- or German-like text with digits, placeholders, tags and other scripts."""
-    vocab = EN_WORDS if lang == "en" else DE_WORDS
-    words = []
-    for _ in range(int(rng.integers(2, 16))):
-        u = rng.random()
-        if u < 0.06:
-            words.append(number(rng))
-        elif u < 0.10:
-            words.append(PLACEHOLDERS[rng.integers(len(PLACEHOLDERS))])
-        elif u < 0.13:
-            words.append(ACCENTED[lang][rng.integers(len(ACCENTED[lang]))])
-        elif u < 0.145:
-            words.append(FOREIGN[rng.integers(len(FOREIGN))])
-        else:  # Zipf-like: the frequent words become whole pieces
-            weights = 1.0 / np.arange(2, len(vocab) + 2)
-            words.append(vocab[rng.choice(len(vocab), p=weights / weights.sum())])
-    words[0] = words[0][:1].upper() + words[0][1:]
-    if rng.random() < 0.3 and len(words) > 3:
-        words[int(rng.integers(1, len(words) - 1))] += ","
-    if rng.random() < 0.12:
-        i = int(rng.integers(len(words)))
-        start, end = TAGS[rng.integers(len(TAGS))]
-        words[i] = start + words[i] + end
-    if rng.random() < 0.1:
-        i = int(rng.integers(len(words)))
-        words[i] = QUOTES[lang][0] + words[i] + QUOTES[lang][1]
-    if rng.random() < 0.05:
-        words[-1] = "(" + words[-1] + ")"
-    return " ".join(words) + [".", ".", ".", "!", "?", "...", ":", ""][rng.integers(8)]
-
-
-def corpus(rng, lang: str, n: int = 400) -> list:
-    return [sentence(rng, lang) for _ in range(n)] + [ASCII_LINE] * 5
-
-
-def train_spm(lines: list, path: str) -> sentencepiece.SentencePieceProcessor:
-    """A unigram model with SentencePiece's default ids (unk 0, <s> 1, </s> 2): OPUS-MT's."""
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, model_type="unigram",
-        vocab_size=SPM_PIECES, character_coverage=0.995, num_threads=1)
-    with open(path, "wb") as f:
-        f.write(model.getvalue())
-    return sentencepiece.SentencePieceProcessor(model_file=path)
-
-
-def pieces(spm, rng) -> tuple:
-    """The spm model's pieces but <unk>/<s>/</s> and LEFT_OUT others, in a shuffled order."""
-    kept = [spm.id_to_piece(i) for i in range(spm.get_piece_size())
-            if not (spm.is_unknown(i) or spm.is_control(i))]
-    left_out = set(rng.choice(kept[10:150], LEFT_OUT, replace=False))  # frequent enough to show up
-    return [kept[i] for i in rng.permutation(len(kept)) if kept[i] not in left_out], left_out
-
-
-def opus_vocab(middle: list, tc_big: bool = False) -> dict:
-    """OPUS-MT's vocab.json: "</s>" 0, "<unk>" 1, the pieces, "<pad>" last; ``tc_big``: as the
-    Tatoeba tc-big releases, "</s>" and "<unk>" among the pieces (eos far from 0)."""
-    if tc_big:
-        middle = list(dict.fromkeys(middle))
-        third = len(middle) // 3
-        middle = middle[:third] + ["<unk>"] + middle[third:2 * third] + ["</s>"] \
-            + middle[2 * third:]
-        vocab = {}
-    else:
-        vocab = {"</s>": 0, "<unk>": 1}
-    for piece in middle:
-        vocab.setdefault(piece, len(vocab))
-    vocab["<pad>"] = len(vocab)
-    return vocab
-
-
-def write_json(path: str, content) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(content, f, ensure_ascii=False, indent=2)
-
-
-def write_tokenizer(folder: str, shared: bool, rng, tc_big: bool = False) -> tuple:
-    """source.spm, target.spm, vocab.json (+ target_vocab.json), tokenizer_config.json."""
-    source = train_spm(corpus(rng, "en"), f"{folder}/source.spm")
-    target = train_spm(corpus(rng, "de"), f"{folder}/target.spm")
-    source_pieces, source_out = pieces(source, rng)
-    target_pieces, target_out = pieces(target, rng)
-    if shared:
-        seen = set(source_pieces)
-        union = source_pieces + [p for p in target_pieces if p not in seen]
-        middle = [p for p in union if p not in source_out | target_out] + list(LANGUAGE_CODES)
-        source_vocab = target_vocab = opus_vocab(middle, tc_big)
-    else:
-        source_vocab, target_vocab = opus_vocab(source_pieces), opus_vocab(target_pieces)
-        write_json(f"{folder}/target_vocab.json", target_vocab)
-    write_json(f"{folder}/vocab.json", source_vocab)
-    write_json(f"{folder}/tokenizer_config.json", {
-        "source_lang": "en", "target_lang": "de", "separate_vocabs": not shared,
-        "model_max_length": 512})
-    write_json(f"{folder}/special_tokens_map.json",
-               {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
-    return source_vocab, target_vocab
-
 
 def marian_config(config: str, vocab_size: int, decoder_vocab_size: int, eos: int = 0):
     """Helsinki-NLP/opus-mt-en-de's config.json, shrunk (d_model 32, ffn 64); ``tcbig``: a
@@ -338,29 +194,6 @@ def check_reload(folder: str, model):
     return loaded[0]
 
 
-def tokenization_strings(rng) -> list:
-    edge = [
-        "", " ", "   leading spaces", "trailing spaces   ", "multiple    spaces   inside",
-        "tab\there", "new\nline", "no\xa0break space", "ﬁne ligature", "ＦＵＬＬ ｗｉｄｔｈ １２３",
-        "e\u0301 decomposed", "zero\u200bwidth", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 letters", "ภาษาไทย", "עברית",
-        "emoji 🙂👍🏽🎉", "%s %d {name} %(count)d", "{0} and {1} of %1$s",
-        "<b>bold</b> and <i>italic</i>", "a<br/>b", '<a href="x">link</a>', "100% sure",
-        "1,234.56", "3.14159", "€5 £3 ¥7", "“quotes” ‘single’ «guillemets»", "— – -", "…",
-        "C++ & C#", "user@example.com", "https://example.com/a?b=c&d=e", "...", "!!!",
-        "???", "ALL CAPS SENTENCE", "MiXeD cAsE", "don't can't won't", "e.g. i.e. etc.",
-        "Mr. Smith", "Straße, Größe, Äpfel, Übung", "Привет, мир!", "Καλημέρα κόσμε",
-        "東京と北京", "مرحبا بالعالم", ">>fra<< Hello world", ">>deu<<Guten Tag", ">>fra<<",
-        " >>fra<< after a space", "a >>fra<< b", ">>xyz<< unknown code", ">> not a code",
-        ">>fra<< %s {name}", "<<fra>> reversed", "><", ">><<", ">>fra<<>>deu<< two codes",
-        " ".join(EN_WORDS[i] for i in rng.integers(0, len(EN_WORDS), 90)) + ".",
-    ]
-    generated = [sentence(rng, "en") for _ in range(170)] + [sentence(rng, "de") for _ in range(40)]
-    alphabet = sorted(set("".join(generated + edge)) | set("ЖЩΩλ字あ😀ñ\u00a0"))
-    scrambled = ["".join(rng.choice(alphabet, int(rng.integers(1, 25)))) for _ in range(40)]
-    texts = edge + generated + scrambled
-    return [t for t in texts if not any(s in t for s in ("</s>", "<unk>", "<pad>", "<s>"))]
-
-
 def strip_generated(row, eos: int = 0) -> list:
     """Without the decoder start token, cut after the first eos."""
     ids = row[1:].tolist()
@@ -400,106 +233,6 @@ def reference_outputs(model, tokenizer, target_size: int, rng, singles: bool = T
                "generate_batch_decoded": [tokenizer.decode(ids, skip_special_tokens=True)
                                           for ids in generate_batch]}
     return arrays, results
-
-
-def text_outputs(tokenizer, target_size: int, rng) -> dict:
-    texts = tokenization_strings(rng)
-    sequences = []
-    for _ in range(50):
-        ids = rng.integers(0, target_size - 1, int(rng.integers(1, 21)))  # never pad
-        ids[rng.random(len(ids)) < 0.08] = tokenizer.eos_token_id  # some eos
-        ids[rng.random(len(ids)) < 0.08] = tokenizer.unk_token_id  # some unk
-        sequences.append(ids.tolist())
-    return {
-        "tokenization": [{"text": t, "input_ids": tokenizer(t)["input_ids"]} for t in texts],
-        "detokenization": [{"ids": ids, "text": tokenizer.decode(ids, skip_special_tokens=True),
-                            "text_with_special": tokenizer.decode(ids)} for ids in sequences]}
-
-
-# The field sets of published config.json files (their values here: the small model's), so
-# that the converter reads what users bring, not only what save_pretrained writes:
-# - en-de: Helsinki-NLP/opus-mt-en-de as the Hub serves it (written by transformers 4.x: the
-#   BART-era fields, _num_labels, classif_dropout, label maps, generation defaults
-#   bad_words_ids / max_length / num_beams in config.json);
-# - en-vi: Helsinki-NLP/opus-mt-en-vi re-saved by transformers 5.x (extra_pos_embeddings,
-#   dtype, classifier_dropout, is_decoder);
-# - tc-big: Helsinki-NLP/opus-mt-tc-big-* (relu, 16 heads, 1024 positions, eos not 0,
-#   torch_dtype float16, no BART-era fields);
-# - tatoeba-separate: a Tatoeba model with separate vocabularies
-#   (share_encoder_decoder_embeddings false, decoder_vocab_size);
-# - fine-tune: what MarianMTModel.save_pretrained writes for a model built from its config, as
-#   a fine-tuning script does (generation_config.json with _from_model_config).
-LABELS = {"id2label": {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"},
-          "label2id": {"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2}}
-EN_DE = ["_name_or_path", "_num_labels", "activation_dropout", "activation_function",
-         "add_bias_logits", "add_final_layer_norm", "architectures", "attention_dropout",
-         "bad_words_ids", "bos_token_id", "classif_dropout", "classifier_dropout", "d_model",
-         "decoder_attention_heads", "decoder_ffn_dim", "decoder_layerdrop", "decoder_layers",
-         "decoder_start_token_id", "decoder_vocab_size", "dropout", "encoder_attention_heads",
-         "encoder_ffn_dim", "encoder_layerdrop", "encoder_layers", "eos_token_id",
-         "forced_eos_token_id", "gradient_checkpointing", "id2label", "init_std",
-         "is_encoder_decoder", "label2id", "max_length", "max_position_embeddings",
-         "model_type", "normalize_before", "normalize_embedding", "num_beams",
-         "num_hidden_layers", "pad_token_id", "scale_embedding",
-         "share_encoder_decoder_embeddings", "static_position_embeddings",
-         "transformers_version", "use_cache", "vocab_size"]
-EN_VI = ["activation_dropout", "activation_function", "add_bias_logits", "add_final_layer_norm",
-         "architectures", "attention_dropout", "bos_token_id", "classif_dropout",
-         "classifier_dropout", "d_model", "decoder_attention_heads", "decoder_ffn_dim",
-         "decoder_layerdrop", "decoder_layers", "decoder_start_token_id", "decoder_vocab_size",
-         "dropout", "dtype", "encoder_attention_heads", "encoder_ffn_dim", "encoder_layerdrop",
-         "encoder_layers", "eos_token_id", "extra_pos_embeddings", "id2label", "init_std",
-         "is_decoder", "is_encoder_decoder", "label2id", "max_position_embeddings",
-         "model_type", "normalize_before", "normalize_embedding", "num_hidden_layers",
-         "pad_token_id", "scale_embedding", "share_encoder_decoder_embeddings",
-         "static_position_embeddings", "tie_word_embeddings", "transformers_version",
-         "use_cache", "vocab_size"]
-TC_BIG = ["activation_dropout", "activation_function", "architectures", "attention_dropout",
-          "bad_words_ids", "bos_token_id", "classifier_dropout", "d_model",
-          "decoder_attention_heads", "decoder_ffn_dim", "decoder_layerdrop", "decoder_layers",
-          "decoder_start_token_id", "decoder_vocab_size", "dropout", "encoder_attention_heads",
-          "encoder_ffn_dim", "encoder_layerdrop", "encoder_layers", "eos_token_id",
-          "forced_eos_token_id", "init_std", "is_encoder_decoder", "max_length",
-          "max_position_embeddings", "model_type", "normalize_embedding", "num_beams",
-          "num_hidden_layers", "pad_token_id", "scale_embedding",
-          "share_encoder_decoder_embeddings", "static_position_embeddings", "torch_dtype",
-          "transformers_version", "use_cache", "vocab_size"]
-VARIANTS = {"shared": ("en-de", "en-vi", "fine-tune"), "separate": ("tatoeba-separate",),
-            "tcbig": ("tc-big",)}
-
-
-def release_config(name: str, config) -> dict:
-    """config.json of the release ``name`` for the small model of ``config``."""
-    c = config
-    value = {
-        "_name_or_path": "Helsinki-NLP/opus-mt-en-de", "_num_labels": 3,
-        "activation_dropout": c.activation_dropout, "activation_function": c.activation_function,
-        "add_bias_logits": False, "add_final_layer_norm": False,
-        "architectures": ["MarianMTModel"], "attention_dropout": c.attention_dropout,
-        "bad_words_ids": [[c.pad_token_id]], "bos_token_id": 0, "classif_dropout": 0.0,
-        "classifier_dropout": 0.0, "d_model": c.d_model,
-        "decoder_attention_heads": c.decoder_attention_heads,
-        "decoder_ffn_dim": c.decoder_ffn_dim, "decoder_layerdrop": 0.0,
-        "decoder_layers": c.decoder_layers, "decoder_start_token_id": c.decoder_start_token_id,
-        "decoder_vocab_size": c.decoder_vocab_size, "dropout": c.dropout, "dtype": "float32",
-        "encoder_attention_heads": c.encoder_attention_heads,
-        "encoder_ffn_dim": c.encoder_ffn_dim, "encoder_layerdrop": 0.0,
-        "encoder_layers": c.encoder_layers, "eos_token_id": c.eos_token_id,
-        "extra_pos_embeddings": c.vocab_size, "forced_eos_token_id": c.eos_token_id,
-        "gradient_checkpointing": False, "init_std": 0.02, "is_decoder": False,
-        "is_encoder_decoder": True, "max_length": 512,
-        "max_position_embeddings": c.max_position_embeddings, "model_type": "marian",
-        "normalize_before": False, "normalize_embedding": False, "num_beams": 4,
-        "num_hidden_layers": c.encoder_layers, "pad_token_id": c.pad_token_id,
-        "scale_embedding": True,
-        "share_encoder_decoder_embeddings": c.share_encoder_decoder_embeddings,
-        "static_position_embeddings": True, "tie_word_embeddings": True,
-        "torch_dtype": "float16", "use_cache": True, "vocab_size": c.vocab_size, **LABELS}
-    fields, version = {"en-de": (EN_DE, "4.22.0.dev0"), "en-vi": (EN_VI, "5.1.0"),
-                       "tc-big": (TC_BIG, "4.18.0.dev0"),
-                       "tatoeba-separate": (EN_DE, "4.22.0.dev0")}[name]
-    value["transformers_version"] = version
-    return {k: value[k] for k in fields}
 
 
 def write_variants(folder: str, model, tokenizer, arrays: dict, config: str) -> None:

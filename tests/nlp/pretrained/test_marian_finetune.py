@@ -2,8 +2,8 @@
 refusals, as users run them: the scripts, their default flags.
 
 The model directory is built here without transformers (its parity with transformers is
-tests/nlp/test_marian_reference.py): two SentencePiece models with OPUS-MT's ids (unk 0 in
-SentencePiece, ``</s>`` 0 and ``<pad>`` last in ``vocab.json``), a tiny
+tests/nlp/pretrained/test_marian_reference.py): two SentencePiece models with OPUS-MT's ids (unk 0
+in SentencePiece, ``</s>`` 0 and ``<pad>`` last in ``vocab.json``), a tiny
 ``Seq2SeqTransformer`` with Marian's settings, written by
 `nlp.pretrained.model_dir.write_model_dir`.
 """

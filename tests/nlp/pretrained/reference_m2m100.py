@@ -65,7 +65,12 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reference_marian import ASCII_LINE, sentence, tokenization_strings, write_json  # noqa: E402
+from reference_marian_text import (  # noqa: E402
+    ASCII_LINE,
+    sentence,
+    tokenization_strings,
+    write_json,
+)
 
 SEED = 0
 SPM_PIECES = 400
