@@ -32,9 +32,10 @@ LiteRT: builtin operators only (no Flex), batch fixed (1 unless asked), in ``flo
 ``float16`` (weights), ``int8`` (dynamic range: int8 weights) or ``int8-full`` (int8 weights
 and activations of the convolutions and dense layers, calibrated on images of the run's own
 training data; attention and divisions stay float: `FLOAT_OPS`; RT-DETR's also keeps its
-LayerNorms, clips, logarithms and sigmoids in float: `RTDETR_FLOAT_OPS`). ONNX: opset 17, dynamic
-batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic quantization;
-RT-DETR's query selection stays float: `QUERY_SELECTION`).
+LayerNorms, clips, logarithms and sigmoids in float: `RTDETR_FLOAT_OPS`; D-FINE's also its
+query selection, box heads and distribution refinement: `_dfine_float_tensors`). ONNX: opset
+17, dynamic batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic
+quantization; RT-DETR's query selection stays float: `QUERY_SELECTION`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import tempfile
 
@@ -76,6 +78,12 @@ RTDETR_FLOAT_OPS = FLOAT_OPS + ["MINIMUM", "MAXIMUM", "MEAN", "SQUARED_DIFFERENC
 # keeps their products in float: in int8 they pick other cells (a D-FINE's AP50 fell by 0.013,
 # with them float by 0.008: benchmarks/README.md).
 QUERY_SELECTION = ("enc_output", "enc_score_head")
+# D-FINE's `int8-full` also keeps in float its query selection, its box heads and the
+# distribution refinement between them (the decoder's own operations: the edge logits' running
+# sum, their softmax, the integral over the bins and the boxes): the tensors of
+# `_dfine_float_tensors` (AP50 fell by 0.015 with them in int8, by 0.008 without).
+_DECODER_OP = re.compile(r"^[^/]+/decoder(_\d+)?/(?!layer_|lqe|class_head|query_pos_head|"
+                         r"pre_box_head|box_head)[^/]+$")
 # What writing and checking each format imports (the module names).
 RUNTIMES = {"litert": ("ai_edge_litert",), "onnx": ("tf2onnx", "onnxruntime")}
 _CLASSES_FILE = "classes.json"
@@ -182,6 +190,7 @@ class DetectorConverter:
         converter.representative_dataset = lambda: iter(batches)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
                                                tf.lite.OpsSet.TFLITE_BUILTINS]
+        from vision.modeling.dfine import DFine
         from vision.modeling.rtdetr import RTDetr
 
         # RT-DETR: with its LayerNorms in int8 too, AP50 falls by 0.04; with its box
@@ -189,6 +198,8 @@ class DetectorConverter:
         ops, nodes = FLOAT_OPS, []
         if isinstance(self.model, RTDetr):
             ops, nodes = RTDETR_FLOAT_OPS, _layer_norm_tensors(self.litert("float32"))
+        if isinstance(self.model, DFine):
+            nodes += _dfine_float_tensors(self.litert("float32"))
         quantizer = tf.lite.experimental.QuantizationDebugger(
             converter=converter, debug_dataset=lambda: iter(batches),
             debug_options=tf.lite.experimental.QuantizationDebugOptions(
@@ -231,6 +242,18 @@ def _query_selection_nodes(proto) -> list[str]:
     return [node.name for node in proto.graph.node
             if any(f"/{name}_" in node.name or f"/{name}/" in node.name
                    for name in QUERY_SELECTION)]
+
+
+def _dfine_float_tensors(data: bytes) -> list[str]:
+    """The tensors of a D-FINE LiteRT file that `int8-full` keeps in float: its query selection
+    (`QUERY_SELECTION`), every box head (the encoder's, the pre-refinement one and each layer's)
+    and the decoder's own operations between them (`_DECODER_OP`)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    names = [detail["name"] for detail in Interpreter(model_content=data).get_tensor_details()]
+    return [name for name in names
+            if any(part in name for part in (*QUERY_SELECTION, "box_head"))
+            or _DECODER_OP.match(name.split(";")[0])]
 
 
 def _layer_norm_tensors(data: bytes) -> list[str]:
