@@ -195,11 +195,25 @@ def test_convert_then_export_and_litert_detect_photos_as_transformers(reference,
     assert json.loads((out / "export" / "classes.json").read_text())
     from ai_edge_litert.interpreter import Interpreter
 
-    from vision.export.litert_onnx import DetectorConverter, find_source, prepare_image
+    from vision.export.litert_onnx import (
+        DetectorConverter,
+        _dfine_float_tensors,
+        find_source,
+        prepare_image,
+    )
 
     source = find_source(out)
     with DetectorConverter(source) as converter:
-        runner = Interpreter(model_content=converter.litert("float32")).get_signature_runner()
+        data = converter.litert("float32")
+    runner = Interpreter(model_content=data).get_signature_runner()
+    # What int8-full keeps float, found by name in this file: the query selection, the box
+    # heads (the encoder's, the first layer's pre-refinement one and each layer's) and the
+    # decoder's softmax and integral over the bins.
+    kept = {name.split(";")[0] for name in _dfine_float_tensors(data)}
+    for part in ("/enc_score_head", "/enc_output_", "/enc_bbox_head", "/pre_box_head",
+                 "/box_head_0", "/box_head_2", "/Softmax", "/Sum"):
+        assert any(part in name for name in kept), part
+    assert not any("/layer_" in name for name in kept)
     for i, photo in enumerate(expected["small_photos"]):
         pixels, mask = prepare_image(photo, source.settings())
         got = runner(images=pixels[None], mask=mask[None])
