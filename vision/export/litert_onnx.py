@@ -31,11 +31,9 @@ export's detections; a padded one gets what the export gives it in a batch with 
 LiteRT: builtin operators only (no Flex), batch fixed (1 unless asked), in ``float32``,
 ``float16`` (weights), ``int8`` (dynamic range: int8 weights) or ``int8-full`` (int8 weights
 and activations of the convolutions and dense layers, calibrated on images of the run's own
-training data; attention and divisions stay float: `FLOAT_OPS`; RT-DETR's also keeps its
-LayerNorms, clips, logarithms and sigmoids in float: `RTDETR_FLOAT_OPS`; D-FINE's also its
-query selection, box heads and distribution refinement: `_dfine_float_tensors`). ONNX: opset
-17, dynamic batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic
-quantization; RT-DETR's query selection stays float: `QUERY_SELECTION`).
+training data; what stays float, by model: `vision.export.quantization`). ONNX: opset 17,
+dynamic batch, converted by tf2onnx, in ``float32`` or ``int8`` (onnxruntime's dynamic
+quantization; RT-DETR's query selection stays float).
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import shutil
 import tempfile
 
@@ -56,6 +53,7 @@ from vision.export.inputs import (
     prepare_image,
     representative_images,
 )
+from vision.export.quantization import RTDETR_FLOAT_OPS, litert_float_parts, onnx_float_nodes
 
 __all__ = ["CALIBRATION_IMAGES", "FILES", "PRECISIONS", "RTDETR_FLOAT_OPS", "SETTINGS_FILE",
            "DetectorConverter", "DetectorSource", "find_source", "prepare_image",
@@ -66,24 +64,6 @@ PRECISIONS = {"litert": ("float32", "float16", "int8", "int8-full"),
               "onnx": ("float32", "int8")}
 SETTINGS_FILE = "settings.json"
 ONNX_OPSET = 17
-# The LiteRT operators `int8-full` keeps in float (see `DetectorConverter.litert`).
-FLOAT_OPS = ["BATCH_MATMUL", "SOFTMAX", "SELECT_V2", "DIV"]
-# RT-DETR's: also its clips (the box clip would need its input's int8 scale), its LayerNorms'
-# statistics (and, by name, the rest of each LayerNorm: `_layer_norm_tensors`) and the
-# logarithms and sigmoids between box logits and boxes.
-RTDETR_FLOAT_OPS = FLOAT_OPS + ["MINIMUM", "MAXIMUM", "MEAN", "SQUARED_DIFFERENCE", "RSQRT",
-                                "LOG", "LOGISTIC"]
-# RT-DETR's (and D-FINE's) query selection: the encoder's output projection and class head,
-# whose scores pick the top-k cells the decoder starts from. The quantized `int8` ONNX file
-# keeps their products in float: in int8 they pick other cells (a D-FINE's AP50 fell by 0.013,
-# with them float by 0.008: benchmarks/README.md).
-QUERY_SELECTION = ("enc_output", "enc_score_head")
-# D-FINE's `int8-full` also keeps in float its query selection, its box heads and the
-# distribution refinement between them (the decoder's own operations: the edge logits' running
-# sum, their softmax, the integral over the bins and the boxes): the tensors of
-# `_dfine_float_tensors` (AP50 fell by 0.015 with them in int8, by 0.008 without).
-_DECODER_OP = re.compile(r"^[^/]+/decoder(_\d+)?/(?!layer_|lqe|class_head|query_pos_head|"
-                         r"pre_box_head|box_head)[^/]+$")
 # What writing and checking each format imports (the module names).
 RUNTIMES = {"litert": ("ai_edge_litert",), "onnx": ("tf2onnx", "onnxruntime")}
 _CLASSES_FILE = "classes.json"
@@ -190,27 +170,12 @@ class DetectorConverter:
         converter.representative_dataset = lambda: iter(batches)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8,
                                                tf.lite.OpsSet.TFLITE_BUILTINS]
-        from vision.modeling.dfine import DFine
-        from vision.modeling.rtdetr import RTDetr
-
-        # RT-DETR: with its LayerNorms in int8 too, AP50 falls by 0.04; with its box
-        # logits and sigmoids in int8 as well, by 0.39 (benchmarks/README.md).
-        ops, nodes = FLOAT_OPS, []
-        if isinstance(self.model, RTDetr):
-            ops, nodes = RTDETR_FLOAT_OPS, _layer_norm_tensors(self.litert("float32"))
-        if isinstance(self.model, DFine):
-            nodes += _dfine_float_tensors(self.litert("float32"))
+        ops, nodes = litert_float_parts(self.model, lambda: self.litert("float32"))
         quantizer = tf.lite.experimental.QuantizationDebugger(
             converter=converter, debug_dataset=lambda: iter(batches),
             debug_options=tf.lite.experimental.QuantizationDebugOptions(
                 denylisted_ops=ops, denylisted_nodes=nodes))
         return quantizer.get_nondebug_quantized_model()
-
-    def _float_nodes(self, proto) -> list[str]:
-        """The ONNX nodes dynamic quantization leaves in float: RT-DETR's query selection."""
-        from vision.modeling.rtdetr import RTDetr
-
-        return _query_selection_nodes(proto) if isinstance(self.model, RTDetr) else []
 
     def onnx(self, precision: str) -> bytes:
         """The ONNX model (opset `ONNX_OPSET`, dynamic batch) of ``precision``."""
@@ -230,42 +195,10 @@ class DetectorConverter:
                 with open(plain, "wb") as f:
                     f.write(data)
                 quantize_dynamic(plain, quantized, weight_type=QuantType.QInt8,
-                                 nodes_to_exclude=self._float_nodes(proto))
+                                 nodes_to_exclude=onnx_float_nodes(self.model, proto))
                 with open(quantized, "rb") as f:
                     data = f.read()
         return data
-
-
-def _query_selection_nodes(proto) -> list[str]:
-    """The ONNX nodes of an RT-DETR graph's query selection (`QUERY_SELECTION`): those under
-    its layers' name scopes."""
-    return [node.name for node in proto.graph.node
-            if any(f"/{name}_" in node.name or f"/{name}/" in node.name
-                   for name in QUERY_SELECTION)]
-
-
-def _dfine_float_tensors(data: bytes) -> list[str]:
-    """The tensors of a D-FINE LiteRT file that `int8-full` keeps in float: its query selection
-    (`QUERY_SELECTION`), every box head (the encoder's, the pre-refinement one and each layer's)
-    and the decoder's own operations between them (`_DECODER_OP`)."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    names = [detail["name"] for detail in Interpreter(model_content=data).get_tensor_details()]
-    return [name for name in names
-            if any(part in name for part in (*QUERY_SELECTION, "box_head"))
-            or _DECODER_OP.match(name.split(";")[0])]
-
-
-def _layer_norm_tensors(data: bytes) -> list[str]:
-    """The tensors of a LiteRT file's LayerNorms: those under a name scope that holds a
-    ``moments/`` scope (where the normalization computes its mean and variance)."""
-    from ai_edge_litert.interpreter import Interpreter
-
-    names = [detail["name"] for detail in Interpreter(model_content=data).get_tensor_details()]
-    scopes = {part.split("/moments/")[0] + "/" for name in names for part in name.split(";")
-              if "/moments/" in part}
-    return [name for name in names
-            if any(part.startswith(scope) for part in name.split(";") for scope in scopes)]
 
 
 def _erfc(ctx, node, name, args) -> None:

@@ -197,10 +197,10 @@ def test_convert_then_export_and_litert_detect_photos_as_transformers(reference,
 
     from vision.export.litert_onnx import (
         DetectorConverter,
-        _dfine_float_tensors,
         find_source,
         prepare_image,
     )
+    from vision.export.quantization import dfine_float_tensors
 
     source = find_source(out)
     with DetectorConverter(source) as converter:
@@ -209,7 +209,7 @@ def test_convert_then_export_and_litert_detect_photos_as_transformers(reference,
     # What int8-full keeps float, found by name in this file: the query selection, the box
     # heads (the encoder's, the first layer's pre-refinement one and each layer's) and the
     # decoder's softmax and integral over the bins.
-    kept = {name.split(";")[0] for name in _dfine_float_tensors(data)}
+    kept = {name.split(";")[0] for name in dfine_float_tensors(data)}
     for part in ("/enc_score_head", "/enc_output_", "/enc_bbox_head", "/pre_box_head",
                  "/box_head_0", "/box_head_2", "/Softmax", "/Sum"):
         assert any(part in name for name in kept), part

@@ -241,9 +241,9 @@ def test_litert_and_onnx_files_detect_as_the_export(reference, converted):
     _assert_int8_full_keeps_the_layer_norms_float(files["litert"], full)
     import onnx
 
-    from vision.export.litert_onnx import _query_selection_nodes
+    from vision.export.quantization import query_selection_nodes
 
-    kept = set(_query_selection_nodes(onnx.load_from_string(files["onnx"])))  # int8: float
+    kept = set(query_selection_nodes(onnx.load_from_string(files["onnx"])))  # int8: float
     products = [n.name for n in onnx.load_from_string(files["onnx"]).graph.node
                 if n.name in kept and n.op_type in ("MatMul", "Gemm")]
     assert len(products) == 2 and {"enc_output", "enc_score_head"} == {
@@ -263,9 +263,9 @@ def _assert_int8_full_keeps_the_layer_norms_float(float32: bytes, full: bytes) -
     benchmarks/README.md): the dense layers in int8, every LayerNorm tensor in float."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from vision.export.litert_onnx import _layer_norm_tensors
+    from vision.export.quantization import layer_norm_tensors
 
-    norms = _layer_norm_tensors(float32)
+    norms = layer_norm_tensors(float32)
     # Each of the 2 decoder layers' 3 LayerNorms, the encoder's 2 and the selection's 1.
     assert len({name.split("/moments/")[0] for name in norms if "/moments/" in name}) == 9
     types = {d["name"]: d["dtype"] for d in Interpreter(model_content=full).get_tensor_details()}
