@@ -83,7 +83,8 @@ TORCH_REFERENCES = {
     **{f"marian_{config}": ("nlp/pretrained/reference_marian.py", "", (config,))
        for config in ("shared", "separate", "tcbig")},
     "m2m100": ("nlp/pretrained/reference_m2m100.py", "", ()),
-    "deformable_attention": ("layers/reference_deformable_attention.py", ".npz", ()),
+    "deformable_attention": ("tfx_transformer/layers/reference_deformable_attention.py", ".npz",
+                             ()),
     "rtdetr_decoder": ("vision/pretrained/reference_rtdetr_decoder.py", ".npz", ()),
     "rtdetr": ("vision/pretrained/reference_rtdetr.py", "", ()),
     "hgnetv2": ("vision/pretrained/reference_hgnetv2.py", ".npz", ()),

@@ -6,7 +6,7 @@ process SIGKILL itself); the rerun is the same command: the README's with its de
 level: the translation command's (killed mid-epoch, a fine-tuning run) is
 tests/nlp/pretrained/test_marian_finetune.py's, the multi-worker one tests/test_multi_worker.py's.
 Every other phase, a finished run rerun, a longer run, a NaN loss and broken work directory
-files: in process, tests/tfx_transformer/test_trainer.py and test_callbacks.py; bad input:
+files: in process, tests/tfx_transformer/training/test_trainer.py and test_callbacks.py; bad input:
 tests/scripts/test_cli_battery.py.
 """
 

@@ -188,7 +188,8 @@ MIRRORED_STEPS = textwrap.dedent("""
 def test_mirrored_on_two_logical_cpus_matches_single_device():
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "tensorflow",
            "CUDA_VISIBLE_DEVICES": ""}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
     done = subprocess.run([sys.executable, "-c", MIRRORED_STEPS], cwd=root, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -20,7 +20,8 @@ import urllib.request
 import psutil
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 # Per model: a flood of 112 requests overflows it (test_abuse.py), the 12 concurrent requests of
 # a test do not (Ray Serve counts a request as queued until a replica is chosen for it).
 MAX_QUEUE = 16

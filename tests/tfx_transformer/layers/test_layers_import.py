@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LAYERS = ROOT / "tfx_transformer" / "layers"
 # `tfx_transformer/__init__.py` re-exports the layers and `schedules`.
 PACKAGE_FILES = [ROOT / "tfx_transformer" / "__init__.py",

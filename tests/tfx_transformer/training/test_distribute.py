@@ -2,8 +2,8 @@
 two applications need under a strategy: NMT's replica-even batches and chief-only tokenizer.
 
 One `MirroredStrategy` step of each model against the single-device step:
-tests/tfx_transformer/test_replica_steps.py; two real workers of `MultiWorkerMirroredStrategy`:
-tests/test_multi_worker.py.
+tests/tfx_transformer/training/test_replica_steps.py; two real workers of
+`MultiWorkerMirroredStrategy`: tests/test_multi_worker.py.
 """
 
 import json
