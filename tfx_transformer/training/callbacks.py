@@ -5,13 +5,11 @@ processes of a resumed run (``run.json``'s ``training_seconds``), steps count fr
 optimizer's restored ``iterations``. `TimeBudget` and `MaxSteps` stop `fit` cleanly by it (the
 trainer still exports and evaluates), `ScheduleProgress` feeds it to a
 `tfx_transformer.schedules.RunSchedule`, `Progress` prints it and `MetricsLogger` records it.
-`standard_callbacks` puts them in order with `saving.RunGuard` and `saving.Backup`.
+`tfx_transformer.training.fit_callbacks.standard_callbacks` puts them in order.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import logging
 import math
 import os
 import sys
@@ -20,10 +18,7 @@ from collections.abc import Callable, Iterable
 
 import keras
 
-from tfx_transformer.training.checkpoints import Averaging
 from tfx_transformer.training.distribute import is_chief
-from tfx_transformer.training.faults import FaultHook
-from tfx_transformer.training.saving import Backup, RunGuard
 from tfx_transformer.training.workdir import (
     Workdir,
     read_metrics,
@@ -33,7 +28,7 @@ from tfx_transformer.training.workdir import (
 )
 
 __all__ = ["MaxSteps", "MetricsLogger", "Progress", "RunClock",
-           "ScheduleProgress", "StopRule", "TimeBudget", "plan_epochs", "standard_callbacks"]
+           "ScheduleProgress", "StopRule", "TimeBudget", "plan_epochs"]
 
 def _iterations(model) -> int:
     optimizer = getattr(model, "optimizer", None)
@@ -300,44 +295,3 @@ class MetricsLogger(_Timed):
             write_metrics(self.workdir, {"train": {
                 "last_epoch": self.last_epoch, "stopped_by": "; ".join(reasons) or None,
                 "final_logs": logs or {}}})
-
-
-def standard_callbacks(workdir: Workdir | str | os.PathLike,
-                       time_budget_minutes: float | None = None,
-                       max_steps: int | None = None, *, clock: RunClock | None = None,
-                       keep_backup: bool = False, tensorboard: bool | None = None,
-                       progress: Progress | None = None, averaging: Averaging = Averaging(),
-                       stop_rules: Iterable = ()) -> list[keras.callbacks.Callback]:
-    """The callbacks every trainer passes to `fit`, in order: `RunGuard` (it raises before
-    the epoch is saved), `Backup` (it restores before the others look; the model must be built
-    before `fit`), ``clock`` (a new `RunClock` when None), `TensorBoard(DIR/logs)` (None: when
-    ``tensorboard`` is installed), `TimeBudget` and `MaxSteps` when asked, `MetricsLogger`
-    (reporting those and ``stop_rules``, e.g. a task's ``Patience``), ``progress`` and, when the
-    testing hook asks, its callback (`tfx_transformer.training.faults`). ``keep_backup`` keeps
-    ``DIR/backup`` after `fit`; ``averaging`` says which epoch checkpoints to keep. Non-chief
-    workers write nothing (they start from the chief's state:
-    `tfx_transformer.training.cluster`)."""
-    workdir = workdir if isinstance(workdir, Workdir) else Workdir(workdir)
-    clock = RunClock() if clock is None else clock
-
-    def keep(epoch: int, logs: dict) -> set:
-        history = [e for e in read_metrics(workdir).get("history", []) if e["epoch"] < epoch]
-        return averaging.needed(history + [{**logs, "epoch": epoch}])
-
-    callbacks = [RunGuard(workdir)]
-    if is_chief():
-        callbacks.append(Backup(workdir, delete_checkpoint=not keep_backup, keep=keep))
-    callbacks.append(clock)
-    if tensorboard is None:
-        tensorboard = importlib.util.find_spec("tensorboard") is not None
-        if not tensorboard:
-            logging.getLogger(__name__).warning("`tensorboard` is not installed: no DIR/logs")
-    if tensorboard and is_chief():
-        callbacks.append(keras.callbacks.TensorBoard(str(workdir.logs)))
-    stoppers = [TimeBudget(time_budget_minutes, clock)] if time_budget_minutes is not None else []
-    stoppers += [MaxSteps(max_steps, clock=clock)] if max_steps is not None else []
-    fault = FaultHook.from_env().callback()
-    faults = [fault] if fault is not None else []
-    shown = [progress] if progress is not None else []
-    logger = MetricsLogger(workdir, [*stop_rules, *stoppers], clock)
-    return callbacks + stoppers + [logger] + shown + faults

@@ -32,10 +32,7 @@ from tfx_transformer.training.callbacks import (
     MaxSteps,
     Progress,
     RunClock,
-    ScheduleProgress,
-    StopRule,
     plan_epochs,
-    standard_callbacks,
 )
 from tfx_transformer.training.cluster import (
     WorkerAgreement,
@@ -53,6 +50,7 @@ from tfx_transformer.training.distribute import (
     tf_config,
 )
 from tfx_transformer.training.faults import FaultHook
+from tfx_transformer.training.fit_callbacks import standard_callbacks
 from tfx_transformer.training.run import (  # RunContext, Task, TaskData: re-exported
     LONG_RUN_EPOCHS,
     RunContext,
@@ -141,9 +139,10 @@ class Trainer:
         3. ``task.load_data``; ``task.build_model`` in the strategy's scope.
         4. The disk is checked for room; `fit` for ``run.fit_epochs(task.default_epochs)``
            epochs (no more than ``max_steps`` needs when the epoch length is known) with
-           `ScheduleProgress`, ``task.callbacks``, the `standard_callbacks` (guard, resume,
-           checkpoints kept as ``task.averaging`` needs, logs, time budget, step limit,
-           history, progress line) and ``callbacks``, in that order. Skipped when the
+           the whole list `fit_callbacks.standard_callbacks` orders: `ScheduleProgress`,
+           ``task.callbacks``, guard, resume, checkpoints kept as ``task.averaging`` needs,
+           logs, time budget, step limit, history, progress line, the epoch bound,
+           ``callbacks`` and, under ``multi_worker``, the workers' agreement. Skipped when the
            recorded fit already covers the request: the weights then come from the backup.
         5. Under ``multi_worker``, every worker waits here for the others
            (`cluster.leave_together`); non-chief workers stop then and return ``{}``: only
@@ -248,27 +247,23 @@ class Trainer:
         spe = data.steps_per_epoch
         total = context.total_steps(spe)
         epochs = plan_epochs(request["epochs"], total, spe, self.resume_epoch, self.resume_step)
-        clock, epoch_bound = RunClock(self.training_seconds), []
+        clock, epoch_bound = RunClock(self.training_seconds), None
         if total is not None and spe and (run.max_steps is None or total < run.max_steps) and \
                 self.resume_step + (epochs - self.resume_epoch) * spe > total:
-            epoch_bound = [MaxSteps(total, bound=f"epochs={request['epochs']}", clock=clock)]
+            epoch_bound = MaxSteps(total, bound=f"epochs={request['epochs']}", clock=clock)
         check_training_space(model, workdir.root)
         progress = Progress(total, run.time_budget, clock=clock,
                             epochs=epochs if epochs < LONG_RUN_EPOCHS else None)
-        task_callbacks = list(task.callbacks(context, model))
-        all_callbacks = [ScheduleProgress(task.schedule, run.time_budget, clock),
-                         *task_callbacks,
-                         *standard_callbacks(workdir, run.time_budget, run.max_steps,
-                                             clock=clock, keep_backup=True, progress=progress,
-                                             averaging=task.averaging,
-                                             stop_rules=[*epoch_bound, *(
-                                                 c for c in task_callbacks
-                                                 if isinstance(c, StopRule))]),
-                         *epoch_bound, *callbacks]
-        if run.strategy == "multi_worker":  # last: after the restore and the stop rules
+        last = []
+        if run.strategy == "multi_worker":
             watch = peer_watch()
-            all_callbacks.append(WorkerAgreement(self.strategy, on_first_step=lambda: watch.watch(
-                set() if is_chief() else {chief_address()[0]})))
+            last = [WorkerAgreement(self.strategy, on_first_step=lambda: watch.watch(
+                set() if is_chief() else {chief_address()[0]}))]
+        all_callbacks = standard_callbacks(
+            workdir, run.time_budget, run.max_steps, clock=clock, keep_backup=True,
+            progress=progress, averaging=task.averaging, feed_schedule=True,
+            schedule=task.schedule, task_callbacks=task.callbacks(context, model),
+            epoch_bound=epoch_bound, extra=callbacks, last=last)
         with warnings.catch_warnings():
             # An epoch is the whole data set: Keras warns when a data set whose length it does
             # not know yet ends its first epoch ("Your input ran out of data"), as if

@@ -14,9 +14,9 @@ from tfx_transformer.training.callbacks import (
     RunClock,
     TimeBudget,
     plan_epochs,
-    standard_callbacks,
 )
 from tfx_transformer.training.faults import FaultHook
+from tfx_transformer.training.fit_callbacks import standard_callbacks
 from tfx_transformer.training.saving import NonFiniteLossError
 from tfx_transformer.training.workdir import Workdir, read_metrics, write_metrics
 
@@ -264,3 +264,35 @@ def test_progress_line_says_steps_of_the_bound_and_time_left():
     assert lines[0].startswith("epoch 1 · step 2/4 · 1:10 left of 2:00 · loss ")
     assert lines[1].startswith("epoch 2 · step 4/4 · 0:50 left of 2:00 · loss ")
     assert lines[1].endswith(" · lr 1.00e-01") and len(lines) == 2  # not a terminal: no \r
+
+
+def test_the_whole_list_of_a_run_s_fit_is_in_one_order(tmp_path):
+    """What the trainer passes to `fit` is `standard_callbacks`' list alone, in its module's
+    order: schedule feed, task callbacks, guard, backup, clock, stop rules, logger, progress,
+    epoch bound, the caller's callbacks, last; the logger reports every stop rule."""
+    from tfx_transformer.training.callbacks import (
+        Progress,
+        RunClock,
+        ScheduleProgress,
+        StopRule,
+    )
+
+    class Task(keras.callbacks.Callback):
+        pass
+
+    class Rule(StopRule):
+        reason = "task rule"
+
+    task, rule, mine, final = Task(), Rule(), Task(), Task()
+    clock = RunClock()
+    bound = MaxSteps(6, bound="epochs=2", clock=clock)
+    got = standard_callbacks(tmp_path, 5.0, 9, clock=clock, tensorboard=False,
+                             progress=Progress(9, 5.0, clock=clock), feed_schedule=True,
+                             task_callbacks=[task, rule], epoch_bound=bound, extra=[mine],
+                             last=[final])
+    assert [type(c).__name__ for c in got] == [
+        "ScheduleProgress", "Task", "Rule", "RunGuard", "Backup", "RunClock", "TimeBudget",
+        "MaxSteps", "MetricsLogger", "Progress", "MaxSteps", "Task", "Task"]
+    assert got[1] is task and got[-3] is bound and got[-2] is mine and got[-1] is final
+    assert isinstance(got[0], ScheduleProgress) and got[5] is clock
+    assert got[8].stoppers[:2] == [bound, rule]  # the epoch bound first, then the task's

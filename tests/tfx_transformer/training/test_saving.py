@@ -16,8 +16,8 @@ import tensorflow as tf
 from tfx_transformer.cli import run_cli
 from tfx_transformer.training import run as trainer_task
 from tfx_transformer.training import saving
-from tfx_transformer.training.callbacks import standard_callbacks
 from tfx_transformer.training.checkpoints import Averaging, choose_weights, epoch_checkpoints
+from tfx_transformer.training.fit_callbacks import standard_callbacks
 from tfx_transformer.training.run import RunOptions
 from tfx_transformer.training.saving import check_workdir
 from tfx_transformer.training.trainer import TaskData, Trainer
