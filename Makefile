@@ -42,6 +42,6 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
+# Every case of the suite at its standard size: JSON in benchmarks/results, the README's tables.
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]'
-	$(BIN)/python benchmarks/attention.py
+	$(BIN)/python benchmarks/harness.py

@@ -176,7 +176,7 @@ def compare(measure: str, times: dict[str, list[float]], ours: str = "ours",
 
 def load_case(name: str):
     if name not in CASES:
-        raise SystemExit(f"error: --cases: no case {name!r} (the cases: {', '.join(CASES)})")
+        raise ValueError(f"no case {name!r} (the cases: {', '.join(CASES)})")
     if str(HERE) not in sys.path:
         sys.path.insert(0, str(HERE))
     return importlib.import_module(f"cases.{name}")
@@ -261,7 +261,8 @@ def main(argv=None) -> int:
     if args.size == "tiny" and args.out.resolve() == RESULTS and not args.list:
         parser.error("--size tiny: give --out DIR (benchmarks/results holds the README's figures)")
     for name in names:
-        load_case(name)
+        if name not in CASES:
+            parser.error(f"--cases: no case {name!r} (the cases: {', '.join(CASES)})")
     if args.list:
         for name in names:
             print(f"{name}: {load_case(name).DESCRIPTION}")

@@ -1,7 +1,7 @@
 """Where a time-budgeted run's training time goes: inside the train steps, in validation, at
 the epoch boundaries (each callback timed) and everywhere else.
 
-    python benchmarks/budget.py detr|nmt [--minutes 8] [--mixed-precision auto] [--workdir DIR]
+    python experiments/budget.py detr|nmt [--minutes 8] [--mixed-precision auto] [--workdir DIR]
 
 Runs ``train_detr`` / ``train_nmt`` in process on the embedded data with the tiny preset and
 ``--time-budget MINUTES``, as ``train_*.py --data embedded --preset tiny`` does, and prints one

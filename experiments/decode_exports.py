@@ -1,7 +1,7 @@
 """Translation speed of several exports of one model, side by side in one process: how much a
 change of the decoding code buys (export the same weights before and after it).
 
-    python benchmarks/decode_exports.py EXPORT_A EXPORT_B [...] [--limit 500] [--repeats 5]
+    python experiments/decode_exports.py EXPORT_A EXPORT_B [...] [--limit 500] [--repeats 5]
                                         [--batch-size 64] [--signatures serving_default,greedy]
 
 Each export's signatures translate the first ``--limit`` held-out sentences of the embedded

@@ -7,7 +7,7 @@ runs) and prints one JSON line: the data, the aid, the epochs trained and COCO A
 images of `photo_objects` (``photos``: real objects pasted onto real photographs, trained on
 its 2,000 training images). Runs are sequential: two at once would share the cores.
 
-    python benchmarks/detr_ablation.py --minutes 4 --data shapes photos \\
+    python experiments/detr_ablation.py --minutes 4 --data shapes photos \\
         --aids base look_forward_twice mixed_queries hybrid
 
 Lines are also appended to ``--out`` (default ``detr_ablation.jsonl`` in the work

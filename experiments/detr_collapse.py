@@ -12,8 +12,8 @@ deviation of the predicted boxes over the queries (0 = every query predicts the 
 A model whose queries differ only through dropout has a low training loss (the matching
 picks the noisy copies nearest each object) and a spread near 0 at inference.
 
-    python benchmarks/detr_convergence.py --preset tiny-detr --minutes 10 --workdir runs/vanilla
-    python benchmarks/detr_collapse.py runs/vanilla
+    python experiments/detr_convergence.py --preset tiny-detr --minutes 10 --workdir runs/vanilla
+    python experiments/detr_collapse.py runs/vanilla
 """
 
 from __future__ import annotations

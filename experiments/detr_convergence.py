@@ -5,7 +5,7 @@ Trains a preset, with some `DetrConfig` fields changed, on `embedded` data for `
 held-out images included) and prints one JSON line with the changes and AP / AP50 / AP75.
 Runs are sequential by design: two at once share the cores and each gets fewer steps.
 
-    python benchmarks/detr_convergence.py --minutes 4 --eval-limit 200 \\
+    python experiments/detr_convergence.py --minutes 4 --eval-limit 200 \\
         --set augmentation='"detr"' --set lr_drop_fraction=null
 
 ``--set FIELD=JSON`` takes a JSON value (strings quoted, ``null`` for None, lists for tuples).

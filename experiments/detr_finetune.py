@@ -7,7 +7,7 @@ each on the same images: ``train_detr(..., init_from=DIR)`` (the class heads re-
 every other weight from DIR's export) and the same run from random weights. Both are scored on
 the same 100 held-out images (COCO AP by pycocotools); one JSON line per run.
 
-    python benchmarks/detr_finetune.py --init-from runs/shapes --minutes 4 --images 50 200
+    python experiments/detr_finetune.py --init-from runs/shapes --minutes 4 --images 50 200
 
 ``DIR`` is a finished ``train_detr.py --preset tiny`` work directory (e.g. the README's
 ``--data embedded`` run). Runs are sequential: two at once would share the cores.

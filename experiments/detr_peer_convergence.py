@@ -1,6 +1,6 @@
 """Vanilla DETR at the ``tiny-detr`` setting, trained in PyTorch on the same shapes and batches.
 
-    python benchmarks/detr_peer_convergence.py --minutes 10 [--eval-limit 500]
+    python experiments/detr_peer_convergence.py --minutes 10 [--eval-limit 500]
 
 Needs the ``[reference]`` extra (torch, transformers). transformers' ``DetrForObjectDetection``
 is built at the ``tiny-detr`` size (d 128, 4 heads, 3+3 layers, FFN 512, 20 queries, dropout 0.1
@@ -16,7 +16,7 @@ decoder layer through the final LayerNorm, DETR's way), gradients clipped to a g
 80 % of the budget, as the preset's time-bounded runs do. It then prints one JSON line: the
 steps, the last validation losses, the spread of the 20 queries' boxes (the collapse measure of
 ``detr_collapse.py``) and COCO AP from this project's pycocotools evaluation on the held-out
-images. What the run shows is in benchmarks/README.md.
+images. What the run shows is in experiments/README.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One optimizer step of vanilla DETR-R50 here against transformers' DetrForObjectDetection.
 
-    python benchmarks/detr_step_parity.py [--height 96 --width 128 --batch 2]
+    python experiments/detr_step_parity.py [--height 96 --width 128 --batch 2]
 
 Needs the ``[reference]`` extra (torch, transformers, timm). transformers builds a DETR-R50 of
 random weights (4 classes, dropout off, its frozen BatchNorm statistics randomized); its

@@ -1,7 +1,7 @@
 """The cost of `tf.distribute.MirroredStrategy`: a train step on 2 logical CPU devices against
 the same global batch on one device.
 
-    python benchmarks/distribute.py [--cases nmt-tiny,detr-tiny] [--repeats 5] [--steps 4]
+    python experiments/distribute.py [--cases nmt-tiny,detr-tiny] [--repeats 5] [--steps 4]
 
 The machine's CPU is split into two logical devices (both share its cores, so the replicas
 compute no faster than one device: the ratio shows what mirroring adds — the split of each

@@ -1,6 +1,6 @@
 """What a training run does between an epoch's start and its first step.
 
-    python benchmarks/epoch_starts.py detr|nmt [--minutes 2.8] [--eval-limit 16]
+    python experiments/epoch_starts.py detr|nmt [--minutes 2.8] [--eval-limit 16]
 
 Runs ``train_detr`` / ``train_nmt`` in process on the embedded data with the tiny preset and a
 time budget (as ``train_*.py --data embedded --preset tiny --time-budget MINUTES`` does, with

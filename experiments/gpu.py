@@ -21,7 +21,7 @@ table of ``nmt_engines.py`` and the NMT base and DETR r50 train steps.
   (8192^2) of its dtype, measured first.
   On the H200 that analysis leaves out the products XLA hands to cuBLAS (23.8 GFLOP counted
   for an NMT base step of 1,197 GFLOP by ``peak.py``'s ``nmt_flops``), so read its ``mfu`` as a
-  lower bound and divide the analytic count by the step time instead (benchmarks/README.md).
+  lower bound and divide the analytic count by the step time instead (experiments/README.md).
   ``--only NAME,NAME`` runs those stages alone (after the peak).
 
 Each stage rewrites ``$OUT/gpu.json`` (default ``runs/gpu``); one that would end past
@@ -32,7 +32,7 @@ and absl-py in ``.whl/``:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
         --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD KERAS_BACKEND=jax \\
-        || exit; python3 benchmarks/gpu.py [--quick] [--budget 360] [--precision highest]
+        || exit; python3 experiments/gpu.py [--quick] [--budget 360] [--precision highest]
 """
 
 from __future__ import annotations

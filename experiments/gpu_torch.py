@@ -1,5 +1,5 @@
 """The transformers side of `gpu.py`: its sources (`make_sources`, `groups_of`) and its torch
-worker (`TorchWorker` runs ``python benchmarks/gpu_torch.py WORKDIR``; torch and JAX each load
+worker (`TorchWorker` runs ``python experiments/gpu_torch.py WORKDIR``; torch and JAX each load
 their own CUDA libraries, so they never share a process).
 
 Builds ``nmt_engines.py``'s OPUS-MT-layout ``MarianMTModel`` at the sizes of

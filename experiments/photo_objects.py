@@ -15,7 +15,7 @@ overlapping earlier ones by at most IoU 0.2); the box of an object is the tight 
 mask. Images are JPEG (quality 90). The set is written once into a cache folder
 (``~/.cache/tfx_transformer/photo_objects``, or ``$TFX_TRANSFORMER_CACHE``) and reused.
 
-    python benchmarks/photo_objects.py            # prints the train and held-out specs
+    python experiments/photo_objects.py            # prints the train and held-out specs
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 (lower is faster), the median of alternating repeats, and the loss of both policies on the same
 weights and batch (the mixed model gets the float32 model's weights).
 
-    python benchmarks/precision.py [--cases nmt-tiny,nmt-base,detr-tiny,detr-r50] [--repeats 5]
+    python experiments/precision.py [--cases nmt-tiny,nmt-base,detr-tiny,detr-r50] [--repeats 5]
                                    [--policies mixed_bfloat16,mixed_float16,xla]
 
 ``xla`` is no policy: the float32 model compiled with XLA (``jit_compile=True``; DETR then

@@ -38,16 +38,16 @@ class NMTConfig:
     tie_embeddings: bool = True  # one matrix for source, target and output embeddings
     label_smoothing: float = 0.1
     # "noam": the paper's schedule, `warmup_steps` then step^-0.5 (the two compared in
-    # benchmarks/README.md); "budget": linear warm-up over
+    # experiments/README.md); "budget": linear warm-up over
     # `warmup_share` of the run (its --max-steps, epochs or --time-budget), then linear decay
     # to 0 at its end, peaking at the Noam schedule's peak (`peak_learning_rate`).
     schedule: str = "noam"
     warmup_steps: int = 4000
     lr_scale: float = 1.0  # multiplies the Noam schedule (and so the budget schedule's peak)
-    # Of the run, for the budget schedule (shares compared in benchmarks/README.md).
+    # Of the run, for the budget schedule (shares compared in experiments/README.md).
     warmup_share: float = 0.3
     # Per-epoch validation: BLEU/chrF (greedy) of the first `valid_sentences` held-out pairs
-    # (0: none, or 100 with `patience`; its cost in steps: benchmarks/README.md); stop after
+    # (0: none, or 100 with `patience`; its cost in steps: experiments/README.md); stop after
     # `patience` epochs without a better val_bleu (None: never) and export the best epoch;
     # export the mean of the last `average_last` epochs (up to the best; None: a quarter of
     # them, at most 10, `tfx_transformer.training.checkpoints.average_count`).
@@ -111,8 +111,8 @@ class NMTConfig:
         return {name: getattr(self, name) for name in names}
 
 
-# tiny: batch 2,048 tokens (the batch sizes compared by benchmarks/nmt_real.py are in
-# benchmarks/README.md).
+# tiny: batch 2,048 tokens (the batch sizes compared by experiments/nmt_real.py are in
+# experiments/README.md).
 PRESETS = {
     "tiny": dict(num_encoder_layers=2, num_decoder_layers=2, d_model=128, num_heads=4,
                  ffn_dim=512, vocab_size=2000, max_length=64, warmup_steps=1000,

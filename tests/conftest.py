@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # No automatic full (generation-2) collections in the test processes. A worker holds 1-3 M
 # objects, most of them the traced graphs of earlier tests, and each full collection over them
-# stopped the worker for 1-43 s (on two cores, 24-69 s a worker and run; benchmarks/README.md,
+# stopped the worker for 1-43 s (on two cores, 24-69 s a worker and run; experiments/README.md,
 # "The test suite's time"). The young generations are still collected; what survives them
 # stays until the worker ends (peak 6.8 GB a worker). Scripts the tests start are untouched.
 gc.set_threshold(*gc.get_threshold()[:2], 1_000_000_000)

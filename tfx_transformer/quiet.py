@@ -31,7 +31,7 @@ def onednn_default() -> bool:
 
     TensorFlow turns its oneDNN kernels on by itself only on CPUs with AVX-512; on a 2-core
     AVX2 CPU they made the DETR (ResNet-50) and the NMT train steps about 1.3x faster, but a
-    ResNet-50 forward pass on one 512 px image 1.4x slower (benchmarks/README.md), so the
+    ResNet-50 forward pass on one 512 px image 1.4x slower (experiments/README.md), so the
     training commands call this and the others do not. ``TF_ENABLE_ONEDNN_OPTS=0`` keeps
     them off.
     """

@@ -206,7 +206,7 @@ def apply_adam(variable, m, v, gradient, scalars: AdamScalars) -> None:
     ``m += (g - m)(1 - β₁)``, ``v += (g² - v)(1 - β₂)``, ``w -= lr · √(1 - β₂ᵗ) / (1 - β₁ᵗ) ·
     m / (√v + ε)``: Keras's Adam step, in one multi-threaded pass over the four tensors where
     Keras's own step makes a dozen element-wise passes (a measurable share of a step on a
-    CPU: benchmarks/README.md).
+    CPU: experiments/README.md).
 
     Args:
         variable, m, v: the weight and its two moments (Keras or ``tf.Variable``).

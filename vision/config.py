@@ -3,7 +3,7 @@
 ``r50-detr`` holds the numbers of facebookresearch/detr (``main.py`` defaults and the paper),
 ``r50`` the same with the convergence aids.
 ``tiny-detr`` is vanilla DETR at the size of the reference CPU run of facebookresearch/detr
-(benchmarks/README.md), and ``tiny`` the same size with the convergence aids that let it learn
+(experiments/README.md), and ``tiny`` the same size with the convergence aids that let it learn
 in minutes on a CPU (two-stage queries, box refinement, local cross-attention; see
 `PRESETS`). The number of classes is not here: it comes from the data
 (``build_model(config, num_classes)``).
@@ -144,7 +144,7 @@ class DetrConfig:
     lr_drop_epochs: int = 200  # both learning rates are multiplied by 0.1 after this epoch
     # A run bounded by --max-steps or --time-budget drops them once this share of the bound is
     # spent (if that comes before lr_drop_epochs): DETR's 200 of 300 epochs (what the drop
-    # does to short runs: benchmarks/README.md).
+    # does to short runs: experiments/README.md).
     lr_drop_fraction: float | None = 2 / 3
 
     # Data.
@@ -251,7 +251,7 @@ def _check_values(config: DetrConfig) -> None:
 
 
 # A 4-conv backbone, d 128, 3+3 layers, 20 queries, 128 px images, batch 16, lr 2e-4: the
-# setting of the reference CPU run of facebookresearch/detr (benchmarks/README.md).
+# setting of the reference CPU run of facebookresearch/detr (experiments/README.md).
 _TINY = dict(
     backbone="tiny",
     hidden_dim=128,
@@ -282,13 +282,13 @@ _RTDETR_TRAINING = dict(architecture="rtdetr", image_size=640, max_image_size=64
                         lr_drop_fraction=None, dropout=0.0)
 
 PRESETS: dict[str, DetrConfig] = {
-    # DETR-R50 with the convergence aids (benchmarks/README.md): two-stage queries, iterative
+    # DETR-R50 with the convergence aids (experiments/README.md): two-stage queries, iterative
     # box refinement, cross-attention within 0.3 of each reference box.
     "r50": DetrConfig(name="r50", **_AIDS),
     # facebookresearch/detr's DETR-R50 as published: the model its checkpoints load into
     # (vision.pretrained.init_from.load_reference_checkpoint).
     "r50-detr": DetrConfig(),
-    # Vanilla DETR at the reference CPU setting (how it converges: benchmarks/README.md).
+    # Vanilla DETR at the reference CPU setting (how it converges: experiments/README.md).
     "tiny-detr": DetrConfig(name="tiny-detr", **_TINY),
     # The same model size with the convergence aids that make it learn in minutes on a CPU:
     # two-stage queries from the encoder's proposals, iterative box

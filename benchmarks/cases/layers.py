@@ -1,30 +1,58 @@
-"""Forward+backward time of our MultiHeadAttention against keras.layers.MultiHeadAttention.
+"""Layers against their Keras and scipy peers, in one process.
 
-Same shapes, same weights, same process; runs alternate between the two and the figure is
-the median over repeats of ``ratio = ours / keras`` (lower is better).
+Attention rows: forward + backward time per step (``GradientTape`` over the sum of squares of
+the output, gradients of every trainable weight, in a ``tf.function``) of our
+``MultiHeadAttention`` against ``keras.layers.MultiHeadAttention`` with the same weights
+(copied from Keras's layer), on the same inputs: ``self`` is causal self-attention over T
+tokens, ``cross`` is T queries over 2T keys, each with XLA off and on. Standard: B 16, T 64,
+d 256, 8 heads, no dropout, 3 warm-up steps, 7 rounds of 10 steps. TensorFlow runs as it
+decides (its oneDNN kernels only on CPUs with AVX-512); ``TF_ENABLE_ONEDNN_OPTS=1`` gives the
+setting of the training commands.
 
-    python benchmarks/attention.py [--batch 16] [--length 64] [--dim 256] [--heads 8]
+Matcher rows (`cases.layers_matcher`): time per call of the ``keras.ops`` assignment solver
+under XLA against scipy's ``linear_sum_assignment`` through the host callback, at the shapes
+``Q100/M20``, ``Q300/M50``, DETR's default (Q100, 100 padded slots, 1–30 valid) and the tiny
+presets' (Q20/M20, 4 valid), DETR-like and uniform costs, B 2 and 4, 1 and 6 calls per
+function; standard: a pool of 8 problems, 7 rounds of 5 passes.
 
-TensorFlow runs as it decides (its oneDNN kernels only on CPUs with AVX-512), as in a user's
-own program; ``TF_ENABLE_ONEDNN_OPTS=1`` gives the setting of the training commands.
+Tiny: every row at B 2, T 8, d 32 (attention) and B 1, 1 and 2 calls, a pool of 1 (matcher),
+one or two short rounds. The ratio is ``ours / peer``, the median per round.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
-import statistics
-import sys
+import pathlib
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import harness  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import tfx_transformer as tt  # noqa: E402
+from cases import layers_matcher  # noqa: E402
+
+DESCRIPTION = ("MultiHeadAttention forward+backward against keras.layers.MultiHeadAttention; "
+               "the keras.ops assignment solver (XLA) against scipy's host callback")
+SIZES = {
+    "tiny": {
+        "attention": {"batch": 2, "length": 8, "dim": 32, "heads": 4, "dropout": 0.0,
+                      "warmup_steps": 1, "repeats": 2, "iters": 2},
+        "matcher": {"shapes": list(layers_matcher.SHAPES), "costs": list(layers_matcher.COSTS),
+                    "batches": [1], "calls": [1, 2], "pool": 1, "repeats": 1, "iters": 1},
+    },
+    "standard": {
+        "attention": {"batch": 16, "length": 64, "dim": 256, "heads": 8, "dropout": 0.0,
+                      "warmup_steps": 3, "repeats": 7, "iters": 10},
+        "matcher": {"shapes": list(layers_matcher.SHAPES), "costs": list(layers_matcher.COSTS),
+                    "batches": [2, 4], "calls": [1, 6], "pool": 8, "repeats": 7, "iters": 5},
+    },
+}
+KERAS = "keras.layers.MultiHeadAttention"
 
 
 def make_step(layer, jit: bool, causal: bool):
@@ -41,7 +69,8 @@ def make_step(layer, jit: bool, causal: bool):
     return step
 
 
-def time_once(step, q, v, iters: int) -> float:
+def time_steps(step, q, v, iters: int) -> float:
+    """Seconds per step of ``iters`` steps."""
     start = time.perf_counter()
     for _ in range(iters):
         loss, _ = step(q, v)
@@ -49,54 +78,33 @@ def time_once(step, q, v, iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def bench(case: str, jit: bool, args) -> tuple[float, float, float]:
+def attention_row(case: str, jit: bool, size: dict) -> harness.Row:
     rng = np.random.default_rng(0)
-    q = tf.constant(rng.normal(size=(args.batch, args.length, args.dim)), tf.float32)
-    v = q if case == "self" else tf.constant(
-        rng.normal(size=(args.batch, args.length * 2, args.dim)), tf.float32
-    )
-    head = args.dim // args.heads
-    theirs = keras.layers.MultiHeadAttention(args.heads, head, dropout=args.dropout)
-    ours = tt.MultiHeadAttention(args.heads, head, dropout=args.dropout)
+    batch, length, dim = size["batch"], size["length"], size["dim"]
+    q = tf.constant(rng.normal(size=(batch, length, dim)), tf.float32)
+    v = q if case == "self" else tf.constant(rng.normal(size=(batch, length * 2, dim)),
+                                             tf.float32)
+    head = dim // size["heads"]
+    theirs = keras.layers.MultiHeadAttention(size["heads"], head, dropout=size["dropout"])
+    ours = tt.MultiHeadAttention(size["heads"], head, dropout=size["dropout"])
     theirs(q, v)
     ours(q, v)
     ours.set_weights(theirs.get_weights())
     causal = case == "self"
-    steps = {"ours": make_step(ours, jit, causal), "keras": make_step(theirs, jit, causal)}
+    steps = {"ours": make_step(ours, jit, causal), KERAS: make_step(theirs, jit, causal)}
     for step in steps.values():  # compile + warm up
-        time_once(step, q, v, 3)
-    times = {"ours": [], "keras": []}
-    for _ in range(args.repeats):
-        for name, step in steps.items():
-            times[name].append(time_once(step, q, v, args.iters))
-    ratios = [o / k for o, k in zip(times["ours"], times["keras"])]
-    return statistics.median(times["ours"]), statistics.median(times["keras"]), statistics.median(
-        ratios
-    )
+        time_steps(step, q, v, size["warmup_steps"])
+    times = harness.alternate(
+        {name: (lambda step=step: time_steps(step, q, v, size["iters"]))
+         for name, step in steps.items()}, size["repeats"], warmup=0)
+    label = "self (causal)" if causal else "cross (T queries, 2T keys)"
+    return harness.compare(
+        f"attention {label}, XLA {'on' if jit else 'off'}", times, peer=KERAS,
+        settings={"case": case, "xla": jit, **size},
+        extra={"onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")})
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--iters", type=int, default=10)
-    args = parser.parse_args(argv)
-    print(f"keras {keras.__version__}, tensorflow {tf.__version__}, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"TF_ENABLE_ONEDNN_OPTS={os.environ.get('TF_ENABLE_ONEDNN_OPTS')}")
-    print(f"B {args.batch}, T {args.length}, d {args.dim}, {args.heads} heads, forward+backward; "
-          "self = causal self-attention, cross = T queries over 2T keys")
-    print(f"{'case':<8}{'xla':<6}{'ours ms':>10}{'keras ms':>10}{'ratio':>8}")
-    for case in ("self", "cross"):
-        for jit in (False, True):
-            ours, theirs, ratio = bench(case, jit, args)
-            print(f"{case:<8}{str(jit):<6}{ours * 1e3:>10.2f}{theirs * 1e3:>10.2f}{ratio:>8.2f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(size: dict, workdir: pathlib.Path) -> list[harness.Row]:
+    rows = [attention_row(case, jit, size["attention"])
+            for case in ("self", "cross") for jit in (False, True)]
+    return rows + layers_matcher.rows(size["matcher"])

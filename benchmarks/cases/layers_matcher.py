@@ -1,34 +1,27 @@
-"""Time of the ``keras.ops`` assignment solver (XLA) against scipy (host callback), per call.
+"""The matcher rows of the ``layers`` case: the ``keras.ops`` assignment solver (XLA) against
+scipy's ``linear_sum_assignment`` through the host callback, time per call.
 
-Each call solves one batch of matching problems, ``assign(cost, valid)`` with `cost` of shape
-`(B, Q, M)`, inside a ``tf.function``, the way a train step calls it: scipy's
-``linear_sum_assignment`` through the host callback with ``jit_compile=False``; the
-``keras.ops`` solver with ``jit_compile=True``. ``--calls K`` puts K independent batches in
-one function, as a DETR step matches every decoder layer (``K = 6``), and reports the time per
-call. Shapes (`SHAPES`): ``Q100/M20`` and ``Q300/M50`` with every target slot valid; DETR's
-default, 100 queries and targets padded to 100 slots with 1 to 30 valid; the tiny presets, 20
-and 20 with 4 valid. Costs are DETR's matching cost (`HungarianMatcher.cost_matrix`) of random
-predictions against random targets (``detr``) or uniform in [0, 1) (``uniform``). Runs
-alternate between the two solvers over a pool of problems; the figure is the median over
-repeats of ``ratio = ops / scipy`` (lower is better). Every solution is checked to reach
-scipy's total cost.
-
-    python benchmarks/matcher.py [--batch 2,4] [--calls 1,6] [--costs detr,uniform]
-        [--only "Q100/M20,Q300/M50,DETR Q100/M100,tiny Q20/M20"]
+Each call solves one batch of matching problems, ``assign(cost, valid)`` with ``cost`` of shape
+``(B, Q, M)``, inside a ``tf.function``, the way a train step calls it: scipy through the host
+callback with ``jit_compile=False``; the ``keras.ops`` solver with ``jit_compile=True``.
+``calls`` K puts K independent batches in one function, as a DETR step matches every decoder
+layer (K = 6), and the time is per call. Shapes (`SHAPES`): ``Q100/M20`` and ``Q300/M50`` with
+every target slot valid; DETR's default, 100 queries and targets padded to 100 slots with 1 to
+30 valid; the tiny presets, 20 and 20 with 4 valid. Costs are DETR's matching cost
+(`HungarianMatcher.cost_matrix`) of random predictions against random targets (``detr``) or
+uniform in [0, 1) (``uniform``). The two solvers alternate over a pool of problems; every
+solution is checked to reach scipy's total cost first.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
-import statistics
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import harness  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -40,12 +33,14 @@ SHAPES = {  # name: (queries Q, target slots M, fewest and most valid targets pe
     "Q100/M20": (100, 20, 20, 20),
     "Q300/M50": (300, 50, 50, 50),
     "DETR Q100/M100": (100, 100, 1, 30),  # DETR's default: targets padded to num_queries
-    "tiny Q20/M20": (20, 20, 4, 4),  # the tiny presets with 4 objects, as benchmarks/detr.py
+    "tiny Q20/M20": (20, 20, 4, 4),  # the tiny presets with 4 objects, as the detr case
 }
+COSTS = ("detr", "uniform")
+OPS, SCIPY = "keras.ops solver (XLA)", "scipy (host callback)"
 
 
 def make_problems(shape: str, kind: str, batch: int, count: int, rng) -> list:
-    """`count` problems `(cost (B, Q, M) float32, valid (B, M) bool)` of one shape."""
+    """``count`` problems ``(cost (B, Q, M) float32, valid (B, M) bool)`` of one shape."""
     num_queries, num_targets, low, high = SHAPES[shape]
     problems = []
     for _ in range(count):
@@ -74,71 +69,60 @@ def total_cost(cost: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.where(indices >= 0, picked, 0.0).sum(axis=1)
 
 
-def bench(shape: str, kind: str, batch: int, calls: int, args) -> tuple[float, float, float]:
-    rng = np.random.default_rng(0)
-    pool = [make_problems(shape, kind, batch, calls, rng) for _ in range(args.pool)]
+def make_steps() -> dict:
+    """The two solvers, each in its own ``tf.function`` (one per shape, batch and calls: a
+    function traces once per input structure, so the cost kinds share it)."""
     steps = {}
-    for solver, jit in (("ops", True), ("scipy", False)):
+    for name, solver, jit in ((OPS, "ops", True), (SCIPY, "scipy", False)):
         @tf.function(jit_compile=jit)
         def step(problems, solver=solver):
             return [assign(cost, valid, solver=solver) for cost, valid in problems]
 
-        steps[solver] = step
-    for problems in pool:  # compile, warm up, and check the costs
-        results = {name: step(problems) for name, step in steps.items()}
-        for (cost, _), ours, theirs in zip(problems, results["ops"], results["scipy"]):
+        steps[name] = step
+    return steps
+
+
+def per_call(step, pool: list, iters: int, calls: int) -> float:
+    """Seconds per call of ``iters`` passes over the pool."""
+    start = time.perf_counter()
+    for _ in range(iters):
+        for problems in pool:
+            out = step(problems)
+    out[-1].numpy()
+    return (time.perf_counter() - start) / (iters * len(pool) * calls)
+
+
+def bench(steps: dict, shape: str, kind: str, batch: int, calls: int, pool_size: int,
+          repeats: int, iters: int) -> dict[str, list[float]]:
+    """Per-call seconds of both solvers (`harness.alternate`'s times) on one setting, after a
+    pass over the pool that compiles both and checks the ops solver's costs against scipy's."""
+    rng = np.random.default_rng(0)
+    pool = [make_problems(shape, kind, batch, calls, rng) for _ in range(pool_size)]
+    for problems in pool:
+        ours, theirs = steps[OPS](problems), steps[SCIPY](problems)
+        for (cost, _), o, t in zip(problems, ours, theirs):
             cost = cost.numpy()
-            np.testing.assert_allclose(total_cost(cost, ours.numpy()),
-                                       total_cost(cost, theirs.numpy()), rtol=0, atol=1e-4)
-    times = {name: [] for name in steps}
-    for _ in range(args.repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            for _ in range(args.iters):
-                for problems in pool:
-                    out = step(problems)
-            out[-1].numpy()
-            times[name].append((time.perf_counter() - start) / (args.iters * args.pool * calls))
-    ratios = [o / s for o, s in zip(times["ops"], times["scipy"])]
-    return (statistics.median(times["ops"]), statistics.median(times["scipy"]),
-            statistics.median(ratios))
+            np.testing.assert_allclose(total_cost(cost, o.numpy()), total_cost(cost, t.numpy()),
+                                       rtol=0, atol=1e-4)
+    return harness.alternate({name: (lambda step=step: per_call(step, pool, iters, calls))
+                              for name, step in steps.items()}, repeats, warmup=0)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", default="4", help="comma-separated images per call")
-    parser.add_argument("--calls", default="1,6", help="comma-separated calls per function")
-    parser.add_argument("--costs", default="detr,uniform", help="comma-separated: detr,uniform")
-    parser.add_argument("--only", default=",".join(SHAPES),
-                        help=f"comma-separated shapes of {list(SHAPES)}")
-    parser.add_argument("--pool", type=int, default=8, help="problems cycled through")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--iters", type=int, default=5)
-    args = parser.parse_args(argv)
-    shapes = [s for s in args.only.split(",") if s]
-    kinds = [k for k in args.costs.split(",") if k]
-    calls = [int(c) for c in args.calls.split(",") if c]
-    batches = [int(b) for b in args.batch.split(",") if b]
-    if set(shapes) - set(SHAPES) or set(kinds) - {"detr", "uniform"} or min(calls + batches) < 1:
-        parser.error(f"unknown shapes or costs in {shapes}, {kinds}, or --calls / --batch < 1")
-    print(f"keras {keras.__version__}, tensorflow {tf.__version__}, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print("time per call (one batch of B images); ops = keras.ops solver under XLA, "
-          "scipy = host callback without XLA")
-    print(f"{'shape':<16}{'cost':<9}{'B':>3}{'calls':>6}{'ops ms':>10}{'scipy ms':>10}"
-          f"{'ratio':>8}")
-    for shape in shapes:
-        for kind in kinds:
-            for batch in batches:
-                for k in calls:
-                    ours, theirs, ratio = bench(shape, kind, batch, k, args)
-                    print(f"{shape:<16}{kind:<9}{batch:>3}{k:>6}{ours * 1e3:>10.3f}"
-                          f"{theirs * 1e3:>10.3f}{ratio:>8.2f}", flush=True)
-    print(f"load average at the end {os.getloadavg()[0]:.2f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def rows(size: dict) -> list[harness.Row]:
+    """One row per shape, cost kind, batch and calls, in that order (``size``: the
+    ``matcher`` settings)."""
+    found = {}
+    for shape in size["shapes"]:
+        for batch in size["batches"]:
+            for calls in size["calls"]:
+                steps = make_steps()
+                for kind in size["costs"]:
+                    times = bench(steps, shape, kind, batch, calls, size["pool"],
+                                  size["repeats"], size["iters"])
+                    found[shape, kind, batch, calls] = harness.compare(
+                        f"matcher {shape}, {kind} costs, B {batch}, {calls} "
+                        f"call{'s' if calls > 1 else ''}", times, ours=OPS, peer=SCIPY,
+                        settings={"shape": shape, "cost": kind, "batch": batch, "calls": calls,
+                                  "pool": size["pool"], "iters": size["iters"]})
+    return [found[shape, kind, batch, calls] for shape in size["shapes"]
+            for kind in size["costs"] for batch in size["batches"] for calls in size["calls"]]

@@ -1,149 +1,98 @@
-"""Translation speed: our model against KerasHub's, cached against uncached decoding, beam
-against greedy. Prints ``ratio = ours / peer`` (lower is better), medians of alternating runs.
+"""Translation speed: our ``Seq2SeqTransformer`` against the same-size KerasHub model, cached
+against uncached decoding, beam against greedy. Ratios are ``ours / peer`` (below 1, ours is
+faster): medians of the per-round ratios of alternating runs.
 
-    pip install -e '.[bench]'
-    python benchmarks/nmt.py [--presets tiny,base] [--repeats 5] [--xla]
+- Train step (Adam, cross-entropy, no XLA: Keras's default on a CPU): ours with
+  `GlobalClipAdam`, the optimizer class of ``train_nmt``, against the model built from
+  ``keras_hub.layers.TokenAndPositionEmbedding``, ``TransformerEncoder`` and
+  ``TransformerDecoder`` (untied output projection) with Keras's Adam; random ids, no padding.
+  Standard: vocabulary 8000, length 40; the ``tiny`` preset (2+2 layers, d 128) at batch 64
+  and the ``base`` preset (6+6 layers, d 512) at batch 16, each timing the mean of 3 steps;
+  the tiny one also with both steps XLA-compiled.
+- Decoding, the tiny preset at random weights (dropout 0), 32 sentences of 20 ids, 64 tokens
+  each (the random model does not emit eos early), each search one compiled ``tf.function``
+  loop: greedy with the KV cache against re-running the decoder over the whole prefix each step
+  (uncached; its prefix grows, so XLA cannot compile it); the cached one also XLA-compiled, as
+  the exported translator can run it; beam search (width 4) against greedy, both cached and
+  XLA-compiled. The four searches run in the same rounds.
+- Standard: 5 rounds after 1 warm-up. Tiny: vocabulary 200, 1+1 layers, d 32, length 8,
+  batch 4, 4 sentences of 8 ids, 8 tokens, 1 round, every row.
 
-(a) one train step (Adam, cross-entropy, no XLA: Keras's default on a CPU; ours with
-    `GlobalClipAdam`, the optimizer class of ``train_nmt``, the peer with Keras's Adam) of
-    ``Seq2SeqTransformer`` against the same-size model built from
-    ``keras_hub.layers.TokenAndPositionEmbedding``, ``TransformerEncoder`` and
-    ``TransformerDecoder``: vocabulary 8000, length 40; tiny 2+2 layers d 128 batch 64, base
-    6+6 layers d 512 batch 16. With ``--xla`` also both steps XLA-compiled.
-(b) greedy decoding of 64 tokens for 32 sentences: KV cache against re-running the decoder
-    over the whole prefix each step (both one compiled ``tf.function`` loop), the cached one
-    also XLA-compiled as the exported translator runs it (the uncached prefix grows, so XLA
-    cannot compile it).
-(c) beam search (width 4) against greedy, both cached and XLA-compiled.
+Everything runs in one child process (``nmt_worker``) with TensorFlow's oneDNN kernels on
+unless ``TF_ENABLE_ONEDNN_OPTS`` is set, as ``train_nmt.py`` runs.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import platform
-import statistics
-import sys
-import time
+import pathlib
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import harness
+import workers
 
-from tfx_transformer.quiet import onednn_default  # noqa: E402
+DESCRIPTION = ("Seq2SeqTransformer train step against the same-size KerasHub model (also both "
+               "XLA), greedy decoding with the KV cache against re-running the prefix, beam "
+               "against greedy")
 
-onednn_default()  # TensorFlow's oneDNN kernels, as the training commands run them
+_MINI = {"num_encoder_layers": 1, "num_decoder_layers": 1, "d_model": 32, "num_heads": 2,
+         "ffn_dim": 64}
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-
-from nlp.config import preset  # noqa: E402
-from nlp.modeling.model import build_model  # noqa: E402
-from nlp.search import decoding  # noqa: E402
-from nlp.text.special_ids import EOS_ID  # noqa: E402
-from tfx_transformer.replicas import GlobalClipAdam  # noqa: E402
-
-VOCAB, LENGTH = 8000, 40
-SIZES = {"tiny": 64, "base": 16}  # batch size per preset
-
-
-def keras_hub_model(config):
-    """The same-size encoder-decoder from KerasHub layers (untied output projection)."""
-    import keras_hub
-
-    layers = keras_hub.layers
-    source = keras.Input((None,), dtype="int32")
-    target = keras.Input((None,), dtype="int32")
-    embed_kw = dict(vocabulary_size=VOCAB, sequence_length=512, embedding_dim=config.d_model)
-    x = layers.TokenAndPositionEmbedding(**embed_kw)(source)
-    for _ in range(config.num_encoder_layers):
-        x = layers.TransformerEncoder(config.ffn_dim, config.num_heads, dropout=config.dropout)(x)
-    y = layers.TokenAndPositionEmbedding(**embed_kw)(target)
-    for _ in range(config.num_decoder_layers):
-        y = layers.TransformerDecoder(config.ffn_dim, config.num_heads,
-                                      dropout=config.dropout)(y, x)
-    return keras.Model([source, target], keras.layers.Dense(VOCAB)(y))
+SIZES = {
+    "standard": {
+        "vocab": 8000, "length": 40, "iters": 3, "repeats": 5, "warmup": 1,
+        "train": [{"name": "tiny", "preset": "tiny", "batch": 64, "xla": [False, True]},
+                  {"name": "base", "preset": "base", "batch": 16, "xla": [False]}],
+        "decode": {"preset": "tiny", "sentences": 32, "source_length": 20, "max_length": 64,
+                   "beam": 4},
+    },
+    "tiny": {
+        "vocab": 200, "length": 8, "iters": 1, "repeats": 1, "warmup": 1,
+        "train": [{"name": "mini", "preset": "tiny", "overrides": _MINI, "batch": 4,
+                   "xla": [False, True]}],
+        "decode": {"preset": "tiny", "overrides": _MINI, "sentences": 4, "source_length": 8,
+                   "max_length": 8, "beam": 4},
+    },
+}
 
 
-def median_ratio(fn_ours, fn_peer, repeats: int, iters: int = 3):
-    """Alternates the two; returns (median ours s, median peer s, median of ratios)."""
-    for fn in (fn_ours, fn_peer):
-        fn()  # compile / warm up
-    ours, peer = [], []
-    for _ in range(repeats):
-        for fn, out in ((fn_ours, ours), (fn_peer, peer)):
-            start = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            out.append((time.perf_counter() - start) / iters)
-    ratios = [a / b for a, b in zip(ours, peer)]
-    return statistics.median(ours), statistics.median(peer), statistics.median(ratios)
+def _shape(model: dict, batch: int | None = None) -> str:
+    text = f"{model['layers']}, d {model['d_model']}"
+    return text + (f", batch {batch}" if batch is not None else "")
 
 
-def train_step_case(name: str, repeats: int, jit_compile: bool = False):
-    config = preset(name, vocab_size=VOCAB)
-    batch = SIZES[name]
-    rng = np.random.default_rng(0)
-    x = [rng.integers(4, VOCAB, (batch, LENGTH)).astype("int32") for _ in range(2)]
-    y = rng.integers(4, VOCAB, (batch, LENGTH)).astype("int32")
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    ours = build_model(config)
-    # Ours with the optimizer class `train_nmt` uses (Keras's Adam step, as one fused kernel
-    # under TensorFlow); the peer with Keras's Adam; the same loss.
-    ours.compile(optimizer=GlobalClipAdam(), loss=loss, jit_compile=jit_compile)
-    peer = keras_hub_model(config)
-    peer.compile(optimizer="adam", loss=loss, jit_compile=jit_compile)
-    feed = {"source": x[0], "target_in": x[1]}
-    print(f"params: ours {ours.count_params():,} (tied embeddings), "
-          f"keras_hub {peer.count_params():,}")
-    return median_ratio(lambda: ours.train_on_batch(feed, y),
-                        lambda: peer.train_on_batch(x, y), repeats)
-
-
-def decoding_cases(repeats: int):
-    config = preset("tiny", vocab_size=VOCAB, dropout=0.0)
-    model = build_model(config)
-    source = np.random.default_rng(1).integers(4, VOCAB, (32, 20)).astype("int32")
-    source[:, -1] = EOS_ID
-    kw = dict(max_length=64)
-    cached = decoding.compile_search(model, "greedy", **kw)
-    cached_xla = decoding.compile_search(model, "greedy", jit_compile=True, **kw)
-    uncached = decoding.compile_search(model, "greedy_uncached", **kw)
-    beam = decoding.compile_search(model, "beam", beam_size=4, jit_compile=True, **kw)
-    lengths = np.argmax(np.asarray(cached(source)) == EOS_ID, axis=1) + 1
-    print(f"decoding: 32 sentences, mean generated length {lengths.mean():.1f} of 64")
-    return {
-        "greedy cached vs uncached": median_ratio(lambda: cached(source).numpy(),
-                                                  lambda: uncached(source).numpy(), repeats, 1),
-        "greedy cached+XLA vs uncached": median_ratio(lambda: cached_xla(source).numpy(),
-                                                      lambda: uncached(source).numpy(),
-                                                      repeats, 1),
-        "beam 4 vs greedy (both XLA)": median_ratio(lambda: beam(source).numpy(),
-                                                    lambda: cached_xla(source).numpy(),
-                                                    repeats, 1),
-    }
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", default="tiny,base")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--xla", action="store_true", help="also the XLA-compiled train steps")
-    args = parser.parse_args(argv)
-    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, "
-          f"{platform.machine()}, {os.cpu_count()} cores, oneDNN {onednn_default()}")
+def run(size: dict, workdir: pathlib.Path) -> list[harness.Row]:
+    rounds = {key: size[key] for key in ("repeats", "warmup")}
     rows = []
-    for name in args.presets.split(","):
-        rows.append((f"train step {name} vs keras_hub", *train_step_case(name, args.repeats)))
-        if args.xla:
-            rows.append((f"train step {name}, both XLA", *train_step_case(name, args.repeats,
-                                                                          jit_compile=True)))
-    for label, result in decoding_cases(args.repeats).items():
-        rows.append((label, *result))
-    print(f"{'case':<34}{'ours ms':>10}{'peer ms':>10}{'ratio':>8}")
-    for label, ours, peer, ratio in rows:
-        print(f"{label:<34}{ours * 1e3:>10.1f}{peer * 1e3:>10.1f}{ratio:>8.2f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    worker = workers.Worker([workers.PY, "-m", "cases.nmt_worker"], log=workdir / "worker.log")
+    try:
+        for spec in size["train"]:
+            for xla in spec["xla"]:
+                payload = {**spec, "xla": xla, "vocab": size["vocab"], "length": size["length"],
+                           "iters": size["iters"], **rounds}
+                answer = worker.ask("train", payload)
+                what = f"{spec['name']} ({_shape(answer['model'], spec['batch'])})"
+                measure = (f"train step, {what}, both XLA-compiled" if xla
+                           else f"train step, {what} vs KerasHub")
+                settings = {**payload, "onednn": answer["onednn"]}
+                settings.pop("name")
+                rows.append(harness.compare(
+                    measure, answer["times"], ours="ours", peer="keras_hub",
+                    unit="ms", settings=settings,
+                    extra={"params": answer["params"], "model": answer["model"]}))
+        spec = size["decode"]
+        payload = {**spec, "vocab": size["vocab"], **rounds}
+        answer = worker.ask("decode", payload)
+    finally:
+        worker.close()
+    settings = {**payload, "onednn": answer["onednn"]}
+    extra = {"mean_generated_length": answer["mean_length"], "model": answer["model"]}
+    times = answer["times"]
+    for measure, ours, peer in (
+            ("greedy with KV cache vs re-running the whole prefix",
+             "greedy cached", "greedy uncached"),
+            ("greedy with KV cache + XLA vs re-running the whole prefix",
+             "greedy cached + XLA", "greedy uncached"),
+            (f"beam {spec['beam']} vs greedy (both cached + XLA)",
+             "beam + XLA", "greedy cached + XLA")):
+        rows.append(harness.compare(measure, times, ours=ours, peer=peer, unit="ms",
+                                    settings=settings, extra=extra))
+    return rows

@@ -48,7 +48,7 @@ _ACTIVATIONS = {"relu": "RELU", "silu": "SWISH", "swish": "SWISH", "gelu": "GELU
 _MARIAN_SPM = ("source.spm", "target.spm")
 # CTranslate2's beam patience per convention (`nlp.export.ctranslate2_runtime`): it stops a sentence
 # after beam_size * patience finished hypotheses, where ours searches on while a live one may
-# still win. GNMT, on a trained tiny model (benchmarks/README.md): 2 gave the SavedModel's
+# still win. GNMT, on a trained tiny model (experiments/README.md): 2 gave the SavedModel's
 # translation for all 500 held-out sentences, 1 for 99.2 %. Transformers' rule searches
 # longer still: on the random test model 2 missed a longer hypothesis, 4 did not.
 PATIENCE = {"gnmt": 2.0, "transformers": 4.0}

@@ -26,7 +26,7 @@ patience above 1 (`nlp.export.ctranslate2.PATIENCE`, stored in ``settings.json``
 ``renormalize=False`` (transformers' default ``renormalize_logits``) the log-probabilities
 here are still normalized after the banned ids are removed. And CTranslate2 translates an
 empty source (eos alone) to an empty string without running the model, which a trained model
-does too, but not every model. ``benchmarks/README.md`` has how often translations differ.
+does too, but not every model. ``experiments/README.md`` has how often translations differ.
 
 An NLLB-200 / M2M100 directory (``tokenizer`` ``nllb``) is run as CTranslate2's users run
 one: every source starts with its ``source_lang`` token and every translation with the

@@ -77,7 +77,7 @@ def make_translate_fn(model, tokenizer: Tokenizer, decoding: DecodingSettings,
     nothing: it is masked, and each sentence decodes at most its own source length (eos
     included) + ``extra_length`` tokens, so a sentence translates the same alone and in any
     batch. On a CPU, XLA does not pay for the tiny model: each batch shape compiles anew
-    (seconds each), and the compiled search is not faster (``benchmarks/nmt_decode.py``).
+    (seconds each), and the compiled search is not faster (``experiments/nmt_decode.py``).
 
     Args:
         model: a ``Seq2SeqTransformer``.

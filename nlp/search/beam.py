@@ -291,7 +291,7 @@ def beam_search_uncached(model, source, beam_size: int = 4, length_penalty: floa
     """Beam search that re-runs the decoder over every hypothesis's whole prefix at each step.
 
     The reference that cached beam search must equal, and a baseline of
-    ``benchmarks/nmt_decode.py``. Same arguments and result as ``beam_search``.
+    ``experiments/nmt_decode.py``. Same arguments and result as ``beam_search``.
     """
     return _beam(model, source, beam_size, length_penalty, max_length, extra_length,
                  return_scores, nbest, cached=False, convention=convention,

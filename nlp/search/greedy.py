@@ -143,7 +143,7 @@ def greedy_search_uncached(model, source, max_length=None, extra_length: int = 5
     """Greedy decoding that re-runs the decoder over the whole prefix at every step.
 
     The usual tutorial way; kept as the reference that cached decoding must equal, and as the
-    baseline of ``benchmarks/nmt.py``. Same arguments and result as ``greedy_search``.
+    baseline of ``benchmarks/cases/nmt.py``. Same arguments and result as ``greedy_search``.
     """
     source, batch, max_length, limit, _, memory, memory_mask = prepare_source(
         model, source, max_length, extra_length

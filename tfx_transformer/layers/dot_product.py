@@ -99,7 +99,7 @@ def multi_head_attention(
     ``keras.ops.dot_product_attention`` (cuDNN or flash attention on a GPU, the TPU kernel
     on a TPU), with the same contracts: float16 scores in float32, zeros for a query whose
     keys are all masked. Under TensorFlow that op is the same einsums as the explicit
-    product below and no faster (``benchmarks/attention.py``), so TensorFlow runs the
+    product below and no faster (``benchmarks/cases/layers.py``), so TensorFlow runs the
     explicit one.
 
     Args:

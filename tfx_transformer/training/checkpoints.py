@@ -35,7 +35,7 @@ __all__ = ["AVERAGE_MAX", "AVERAGE_SHARE", "Averaging", "average_count", "averag
            "best_epoch", "choose_weights", "epoch_checkpoints"]
 
 # `average_last=None`: average the last quarter of the epochs up to the exported one, at most
-# 10. On real text (benchmarks/nmt_real.py, 29 epochs of 50 steps) the mean of the last 5, 8
+# 10. On real text (experiments/nmt_real.py, 29 epochs of 50 steps) the mean of the last 5, 8
 # and 12 epochs scored BLEU 21.6, 21.9 and 20.8 against 14.5 for the last epoch alone.
 AVERAGE_SHARE = 0.25
 AVERAGE_MAX = 10

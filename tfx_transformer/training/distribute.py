@@ -9,7 +9,7 @@ computes it fast, else ``none`` (float32): a GPU of compute capability 8.0 or ne
 Hopper: bf16 tensor cores), or a CPU with AMX tiles for bf16 (``amx_bf16`` in
 ``/proc/cpuinfo``). A CPU with AVX512-BF16 alone only converts and dots pairs of bf16 values;
 on it a bf16 train step of our models measured slower than float32
-(``benchmarks/precision.py``), so ``auto`` keeps float32 there.
+(``experiments/precision.py``), so ``auto`` keeps float32 there.
 """
 
 from __future__ import annotations

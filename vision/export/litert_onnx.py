@@ -161,7 +161,7 @@ class DetectorConverter:
         # Calibrated int8 activations in the convolutions and dense layers (the weights'
         # products), float in attention (its two activation-by-activation products, mask
         # and softmax) and in divisions. Quantizing attention too halves the trained tiny
-        # detector's AP50 (benchmarks/README.md); and the sine position embedding divides by
+        # detector's AP50 (experiments/README.md); and the sine position embedding divides by
         # a padded row's or column's pixel count plus 1e-6, which int8 holds as exactly zero
         # and LiteRT's int8 division refuses at run time.
         size = self.batch_size  # the calibration images in batches of the file's size

@@ -27,7 +27,7 @@ RTDETR_FLOAT_OPS = FLOAT_OPS + ["MINIMUM", "MAXIMUM", "MEAN", "SQUARED_DIFFERENC
 # RT-DETR's (and D-FINE's) query selection: the encoder's output projection and class head,
 # whose scores pick the top-k cells the decoder starts from. The quantized `int8` ONNX file
 # keeps their products in float: in int8 they pick other cells (a D-FINE's AP50 fell by 0.013,
-# with them float by 0.008: benchmarks/README.md).
+# with them float by 0.008: experiments/README.md).
 QUERY_SELECTION = ("enc_output", "enc_score_head")
 # D-FINE's `int8-full` also keeps in float its query selection, its box heads and the
 # distribution refinement between them (the decoder's own operations: the edge logits' running
@@ -44,7 +44,7 @@ def litert_float_parts(model, float32: Callable[[], bytes]) -> tuple[list[str], 
     from vision.modeling.rtdetr import RTDetr
 
     # RT-DETR: with its LayerNorms in int8 too, AP50 falls by 0.04; with its box
-    # logits and sigmoids in int8 as well, by 0.39 (benchmarks/README.md).
+    # logits and sigmoids in int8 as well, by 0.39 (experiments/README.md).
     if not isinstance(model, RTDetr):
         return FLOAT_OPS, []
     nodes = layer_norm_tensors(float32())

@@ -21,7 +21,7 @@ gets FGL, every earlier one DDF against the last; the first layer's boxes before
 (``pre_outputs``) get the varifocal and box losses; the denoising queries' layers likewise,
 their own last layer the teacher. Each layer's losses use its own matching and its own
 logits, boxes and distributions (D-FINE's pairing: transformers 5 scores layer ``i``'s
-distributions with layer ``i - 1``'s boxes, benchmarks/README.md).
+distributions with layer ``i - 1``'s boxes, experiments/README.md).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ scipy; where several assignments tie it may pick a different one. It computes in
 (float64 when `cost` is float64): with float32, assignments whose totals differ by less than
 float32 rounding of the potentials count as ties (integer-valued costs stay exact); float64
 costs decide as finely as scipy, which solves in float64. Under XLA on a CPU it is faster
-than the host callback at DETR's shapes (`benchmarks/matcher.py`).
+than the host callback at DETR's shapes (`benchmarks/cases/layers.py`).
 """
 
 from __future__ import annotations

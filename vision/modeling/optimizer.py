@@ -12,7 +12,7 @@ The step is PyTorch's: ``w -= lr * m_hat / (sqrt(v_hat) + eps)`` with the bias-c
 moments. Keras's Adam adds ``eps`` to the uncorrected ``sqrt(v)`` instead, which is PyTorch's
 step with ``eps / sqrt(1 - beta_2 ** t)`` (32x larger at the first step, 7x at the 20th):
 under DETR's clipping to a global norm of 0.1 many gradients are that small, and their steps
-came out up to 4x smaller than DETR's (benchmarks/README.md, the step parity). The same
+came out up to 4x smaller than DETR's (experiments/README.md, the step parity). The same
 step is Keras's with ``eps * sqrt(1 - beta_2 ** t)`` in place of ``eps``, which is how it runs
 under TensorFlow: one fused ``ResourceApplyAdam`` kernel per variable
 (`tfx_transformer.replicas.apply_adam`).

@@ -238,7 +238,7 @@ _TINY = {
     # 8 denoising queries (8 // M groups, at least one, for the batch's most objects M: about
     # 2/3 of the 20 matching queries, as the published models' 100 against 300): +0.04 AP at
     # 8 minutes on the photos
-    # (benchmarks/README.md, "RT-DETR's denoising queries").
+    # (experiments/README.md, "RT-DETR's denoising queries").
     "num_denoising": 8,
 }
 ARCHITECTURES = {"r101": _R101, "r50": _R50, "r34": _R34, "r18": _R18, "tiny": _TINY}

@@ -157,7 +157,7 @@ def test_quantized_litert_keeps_the_best_detection(litert, inputs, expected, ima
 def test_full_int8_litert_runs_on_padded_images(litert, inputs, expected, images):
     """Calibrated on 8 training images, run on padded ones (the divisions that a padded row
     makes zero stay float). Untrained, its boxes are far from the float model's (see
-    benchmarks/README.md for a trained one): the bound is on the scores."""
+    experiments/README.md for a trained one): the bound is on the scores."""
     assert len(litert["int8-full"]) < 0.8 * len(litert["float32"])
     found = _run_litert(litert["int8-full"], inputs)
     assert all(np.isfinite(value).all() for value in found.values())

@@ -260,7 +260,7 @@ def test_litert_and_onnx_files_detect_as_the_export(reference, converted):
 
 def _assert_int8_full_keeps_the_layer_norms_float(float32: bytes, full: bytes) -> None:
     """RT-DETR's int8-full (trained, its AP50 is the float file's within 0.01:
-    benchmarks/README.md): the dense layers in int8, every LayerNorm tensor in float."""
+    experiments/README.md): the dense layers in int8, every LayerNorm tensor in float."""
     from ai_edge_litert.interpreter import Interpreter
 
     from vision.export.quantization import layer_norm_tensors
