@@ -28,9 +28,11 @@ from tfx_transformer.training.workdir import (
 )
 
 __all__ = ["MaxSteps", "MetricsLogger", "Progress", "RunClock",
-           "ScheduleProgress", "StopRule", "TimeBudget", "plan_epochs"]
+           "ScheduleProgress", "StopRule", "TimeBudget", "plan_epochs", "steps_taken"]
 
-def _iterations(model) -> int:
+def steps_taken(model) -> int:
+    """The optimizer steps the model has taken (restored with its state on a resume; 0 before
+    it is compiled): the one step count of the trainer, its callbacks and the fault hook."""
     optimizer = getattr(model, "optimizer", None)
     return int(keras.ops.convert_to_numpy(optimizer.iterations)) if optimizer else 0
 
@@ -55,7 +57,7 @@ class RunClock(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):  # after `Backup`: it restores ``iterations``
         self.start = self.clock()
-        self.steps = self._epoch_start = _iterations(self.model)
+        self.steps = self._epoch_start = steps_taken(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self.steps

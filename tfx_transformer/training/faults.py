@@ -21,6 +21,8 @@ import signal
 
 import keras
 
+from tfx_transformer.training.callbacks import steps_taken
+
 __all__ = ["FAULT_ENV", "FaultHook"]
 
 FAULT_ENV = "TFX_TRANSFORMER_FAULT"
@@ -73,17 +75,14 @@ class _StepFault(keras.callbacks.Callback):
         if self.kind == "epoch":
             if batch == 0 and self._epoch + 1 == self.step:
                 os.kill(os.getpid(), signal.SIGKILL)
-        elif self.kind in ("step", "nan") and self._steps() + 1 == self.step:
+        elif self.kind in ("step", "nan") and steps_taken(self.model) + 1 == self.step:
             if self.kind == "step":
                 os.kill(os.getpid(), signal.SIGKILL)
             self._poison()
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.kind == "update" and self._steps() == self.step:
+        if self.kind == "update" and steps_taken(self.model) == self.step:
             self._poison()
-
-    def _steps(self) -> int:
-        return int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
 
     def _poison(self) -> None:
         for variable in self.model.trainable_variables:

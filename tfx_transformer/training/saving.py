@@ -27,6 +27,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from tfx_transformer.training.callbacks import steps_taken
 from tfx_transformer.training.workdir import (
     CHECKPOINT_NAME,
     NoSpaceError,
@@ -79,7 +80,7 @@ class RunGuard(keras.callbacks.Callback):
         self.batches += 1
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(keras.ops.convert_to_numpy(loss))):
-            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            step = steps_taken(self.model)
             last = self.workdir.latest_checkpoint()
             kept = f"{last} and {self.workdir.backup}" if last else "nothing (first epoch)"
             raise NonFiniteLossError(
@@ -171,7 +172,7 @@ class Backup(keras.callbacks.BackupAndRestore):
 
     def on_epoch_end(self, epoch, logs=None):
         model, epoch, workdir = self.model, epoch + 1, self.workdir
-        step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        step = steps_taken(model)
         check_finite(model, f"after epoch {epoch} (step {step})", self._kept(epoch))
         workdir.backup.mkdir(parents=True, exist_ok=True)
         sizes = StateSizes(model)

@@ -33,6 +33,7 @@ from tfx_transformer.training.callbacks import (
     Progress,
     RunClock,
     plan_epochs,
+    steps_taken,
 )
 from tfx_transformer.training.cluster import (
     WorkerAgreement,
@@ -277,7 +278,7 @@ class Trainer:
         epochs_done = max([e + 1 for e in history.epoch], default=0)
         if workdir.backup_metadata.exists():  # also counts the epochs of earlier processes
             epochs_done = json.loads(workdir.backup_metadata.read_text()).get("epoch", epochs_done)
-        return self._record(phase="trained", epochs=epochs_done, steps=_iterations(model),
+        return self._record(phase="trained", epochs=epochs_done, steps=steps_taken(model),
                             steps_per_epoch=spe,
                             training_seconds=round(clock.training_seconds(), 3))
 
@@ -323,13 +324,10 @@ class Trainer:
         except Exception as error:  # h5py and shape errors alike
             raise ValueError(f"cannot read {weights} ({type(error).__name__}); rerun with "
                              "--restart") from None
-        if _iterations(model) != state.get("steps"):
-            raise ValueError(f"{weights} holds step {_iterations(model)}, but "
+        if steps_taken(model) != state.get("steps"):
+            raise ValueError(f"{weights} holds step {steps_taken(model)}, but "
                              f"{self.workdir.state} records {state.get('steps')}; rerun with "
                              "--restart")
         self.log(f"resume: training finished earlier ({state.get('steps')} steps), "
                  f"{'evaluating' if state['phase'] == 'exported' else 'exporting'} now")
 
-
-def _iterations(model: keras.Model) -> int:
-    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import pathlib
 import tempfile
 
 import keras
@@ -14,6 +15,7 @@ from tfx_transformer.training.callbacks import (
     RunClock,
     TimeBudget,
     plan_epochs,
+    steps_taken,
 )
 from tfx_transformer.training.faults import FaultHook
 from tfx_transformer.training.fit_callbacks import standard_callbacks
@@ -163,6 +165,18 @@ def test_metrics_logger_reports_every_stopper(tmp_path):
                      callbacks=[run_clock, budget, steps, logger])
     train = read_metrics(tmp_path)["train"]
     assert train["stopped_by"] == "time budget of 1 min spent (61.0 s); max_steps=1 reached"
+
+
+def test_the_step_count_is_the_optimizer_s_and_has_one_definition():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    assert steps_taken(model) == 0  # not compiled yet
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(X, Y, batch_size=4, epochs=2, verbose=0)  # 2 steps an epoch
+    assert steps_taken(model) == 4
+    training = pathlib.Path(steps_taken.__code__.co_filename).parent
+    readers = sorted(path.name for path in training.glob("*.py")
+                     if "optimizer.iterations" in path.read_text())
+    assert readers == ["callbacks.py"], f"the step count is read apart in {readers}"
 
 
 def test_plan_epochs():
