@@ -38,8 +38,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from nmt_marian import machine  # noqa: E402
 from precision import CASES, LENGTH, VOCAB  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+from harness import machine, machine_line  # noqa: E402
 
 
 def cpu_flags() -> set:
@@ -167,7 +170,7 @@ def main(argv=None) -> int:
     bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
     peaks = matmul_peaks(["float32", "bfloat16"] if bf16 else ["float32"], sizes, args.repeats)
     rows = steps(args.repeats)
-    print(f"\nmachine: {machine()}; bf16 flags: {', '.join(bf16) or 'none'}; "
+    print(f"\nmachine: {machine_line(machine())}; bf16 flags: {', '.join(bf16) or 'none'}; "
           f"TensorFlow {tf.__version__}, {tf.config.threading.get_intra_op_parallelism_threads()}"
           " intra-op threads (0 = all cores)")
     print("| measure | GFLOP | time | GFLOP/s | of the float32 peak |\n|---|---:|---:|---:|---:|")

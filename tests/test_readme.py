@@ -14,7 +14,7 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 PACKAGES = ("tfx_transformer", "nlp", "vision")
-TOP_FOLDERS = PACKAGES + ("scripts", "benchmarks", "tests", "docs")
+TOP_FOLDERS = PACKAGES + ("scripts", "benchmarks", "experiments", "tests", "docs")
 MAX_README_LINES = 200
 
 pages = pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
