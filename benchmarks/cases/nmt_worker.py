@@ -1,11 +1,12 @@
-"""The child process of the ``nmt`` case: builds the models and runs the contenders in turns
-(`harness.alternate`); answers the times to the parent, which makes the rows.
+"""The child process of the ``nmt`` case: ``prepare`` builds a job's models and compiles its
+functions (one call each, untimed); ``time`` runs its contenders in turns (`harness.alternate`)
+and answers their times, from which the parent makes the rows.
 
 TensorFlow starts with its oneDNN kernels on (`tfx_transformer.quiet.onednn_default`, as the
 training commands run it) unless the environment sets ``TF_ENABLE_ONEDNN_OPTS``; in a process
 of its own, so that no other case has imported TensorFlow before with another setting.
 
-Commands: ``train`` (one train step of ``Seq2SeqTransformer`` against the same-size model of
+The jobs: ``train`` (one train step of ``Seq2SeqTransformer`` against the same-size model of
 KerasHub layers) and ``decode`` (greedy with the KV cache, the same XLA-compiled, greedy
 re-running the whole prefix, beam search XLA-compiled).
 """
@@ -13,6 +14,7 @@ re-running the whole prefix, beam search XLA-compiled).
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -62,8 +64,8 @@ def mean_seconds(fn, iters: int):
     return run
 
 
-def train(payload: dict) -> dict:
-    """One train step (Adam, cross-entropy) of ours against KerasHub's, alternating."""
+def train(payload: dict):
+    """One train step (Adam, cross-entropy) of ours and of KerasHub's model."""
     config = preset(payload["preset"], vocab_size=payload["vocab"], **payload.get("overrides", {}))
     batch, length, vocab = payload["batch"], payload["length"], payload["vocab"]
     jit = bool(payload.get("xla", False))
@@ -79,18 +81,16 @@ def train(payload: dict) -> dict:
     peer.compile(optimizer="adam", loss=loss, jit_compile=jit)
     feed = {"source": x[0], "target_in": x[1]}
     iters = payload["iters"]
-    times = harness.alternate(
-        {"ours": mean_seconds(lambda: ours.train_on_batch(feed, y), iters),
-         "keras_hub": mean_seconds(lambda: peer.train_on_batch(x, y), iters)},
-        repeats=payload["repeats"], warmup=payload["warmup"])
-    return {"times": times, "onednn": ONEDNN,
-            "params": {"ours": ours.count_params(), "keras_hub": peer.count_params()},
-            "model": {"layers": f"{config.num_encoder_layers}+{config.num_decoder_layers}",
-                      "d_model": config.d_model, "heads": config.num_heads,
-                      "ffn": config.ffn_dim, "dropout": config.dropout}}
+    contenders = {"ours": mean_seconds(lambda: ours.train_on_batch(feed, y), iters),
+                  "keras_hub": mean_seconds(lambda: peer.train_on_batch(x, y), iters)}
+    return contenders, {
+        "params": {"ours": ours.count_params(), "keras_hub": peer.count_params()},
+        "model": {"layers": f"{config.num_encoder_layers}+{config.num_decoder_layers}",
+                  "d_model": config.d_model, "heads": config.num_heads, "ffn": config.ffn_dim,
+                  "dropout": config.dropout}}
 
 
-def decode(payload: dict) -> dict:
+def decode(payload: dict):
     """Greedy cached, cached + XLA, uncached and beam (+ XLA) in the same rounds."""
     config = preset(payload["preset"], vocab_size=payload["vocab"], dropout=0.0,
                     **payload.get("overrides", {}))
@@ -108,18 +108,41 @@ def decode(payload: dict) -> dict:
     ids = np.asarray(cached(source))
     has_eos = (ids == EOS_ID).any(axis=1)
     lengths = np.where(has_eos, np.argmax(ids == EOS_ID, axis=1) + 1, ids.shape[1])
-    times = harness.alternate(
-        {"greedy cached": lambda: cached(source).numpy(),
-         "greedy cached + XLA": lambda: cached_xla(source).numpy(),
-         "greedy uncached": lambda: uncached(source).numpy(),
-         "beam + XLA": lambda: beam(source).numpy()},
-        repeats=payload["repeats"], warmup=payload["warmup"])
-    return {"times": times, "onednn": ONEDNN, "mean_length": float(lengths.mean()),
-            "model": {"layers": f"{config.num_encoder_layers}+{config.num_decoder_layers}",
-                      "d_model": config.d_model}}
+    contenders = {"greedy cached": lambda: cached(source).numpy(),
+                  "greedy cached + XLA": lambda: cached_xla(source).numpy(),
+                  "greedy uncached": lambda: uncached(source).numpy(),
+                  "beam + XLA": lambda: beam(source).numpy()}
+    return contenders, {
+        "mean_generated_length": float(lengths.mean()),
+        "model": {"layers": f"{config.num_encoder_layers}+{config.num_decoder_layers}",
+                  "d_model": config.d_model}}
+
+
+JOBS = {"train": train, "decode": decode}
+PREPARED = {}  # a job's key -> its contenders
+
+
+def prepare(payload: dict) -> dict:
+    """Builds the job ``payload["job"]`` and calls each contender once (tracing, compiling)."""
+    start, cpu = time.perf_counter(), time.process_time()
+    contenders, meta = JOBS[payload["job"]](payload)
+    for fn in contenders.values():
+        fn()
+    PREPARED[payload["key"]] = contenders
+    print(f"job {payload['key']} ({payload['job']}) prepared: "
+          f"{time.perf_counter() - start:.1f} s, {time.process_time() - cpu:.1f} CPU s",
+          file=sys.stderr, flush=True)
+    return {**meta, "onednn": ONEDNN}
+
+
+def time_job(payload: dict) -> dict:
+    """The times of a prepared job's contenders (`harness.alternate`); then forgets it."""
+    contenders = PREPARED.pop(payload["key"])
+    return harness.alternate(contenders, repeats=payload["repeats"], warmup=payload["warmup"])
 
 
 if __name__ == "__main__":
-    workers.serve({"train": train, "decode": decode},
+    print(f"imported: {time.process_time():.1f} CPU s", file=sys.stderr, flush=True)
+    workers.serve({"prepare": prepare, "time": time_job},
                   ready={"keras": keras.__version__, "backend": keras.backend.backend(),
                          "onednn": ONEDNN})

@@ -1,78 +1,72 @@
-"""Load test of the REST server (``scripts/serve.py``) on loopback, against a hand-rolled peer.
+"""Load test of the REST server (``scripts/serve.py``, Ray Serve) on loopback, against a
+hand-rolled single-threaded ``http.server`` peer.
 
-    python benchmarks/serve_load.py [--translator DIR] [--detector DIR] [--levels 1,4,16,64]
-        [--requests 32] [--seconds 8] [--repeats 3] [--server-args '...'] [--json OUT]
-    python benchmarks/serve_load.py --table OUT      # the README's table of a --json file
+Each server runs as a subprocess on a free port of 127.0.0.1; it is loaded once its ``ready:``
+line came, then stopped with SIGTERM, and it and every process it started must exit (those
+left are killed; the case then fails, as it does when a request fails). The servers:
 
-Starts each server as a subprocess on a free port of 127.0.0.1, waits for its ``ready:`` line,
-loads it, then stops it with SIGTERM and checks that it and every process it started exited
-(those left are killed and reported). The servers:
-
-* ``ours``: ``scripts/serve.py --translator DIR --detector DIR --port P`` (dynamic batching
-  with the server's default batch size and wait; ``--server-args`` adds flags);
-* ``peer``: the obvious hand-rolled way, ``benchmarks/serve_peer.py``: one
+* ``ours``: ``scripts/serve.py --translator DIR --detector DIR --port P`` with its defaults
+  (one replica per model, dynamic batching: ``--max-batch-size 32``, ``--batch-wait-ms 5``);
+* ``peer``: ``benchmarks/cases/serving_peer.py``, the obvious hand-rolled way: one
   ``tf.saved_model.load`` per export, called from the handler of a single-threaded
-  ``http.server.HTTPServer`` (one request at a time, one instance per call, HTTP/1.0: one
-  connection per request), on the same paths and JSON (``{"instances": [...]}`` in,
-  ``{"predictions": [...]}`` out); its listen backlog is 128 instead of ``HTTPServer``'s 5, so
-  that 32 waiting clients queue in the kernel instead of retrying their connections;
-* ``unbatched``: ``ours`` with ``--max-batch-size 1``, at the largest level only: the speed-up
-  of dynamic batching is ``ours / unbatched`` there.
+  ``http.server.HTTPServer`` (one request at a time, one instance per call, HTTP/1.0, listen
+  backlog 128), on the same paths and JSON (``{"instances": [...]}`` in,
+  ``{"predictions": [...]}`` out);
+* ``unbatched``: ``ours`` with ``--max-batch-size 1``, at the largest level only (standard
+  size only: a second Ray instance costs tens of seconds of CPU to start).
 
 ``ours`` and ``peer`` run at the same time (the one idle while the other is loaded) and take
-turns: each level is ``--repeats`` rounds per server, in the order ours, peer, peer, ours, ...;
-``unbatched`` runs alone afterwards. A round: N concurrent asyncio clients (aiohttp), each
-sending one request after the other, one instance per request, until ``--requests`` x N
-requests have been sent or ``--seconds`` have passed (requests in flight then are waited for).
-The translator gets ``POST /v1/models/translator:predict`` with ``{"instances": [SENTENCE]}``
-(held-out sentences of ``nlp.data.embedded.generate_pairs``: beam search, the export's
-``serving_default``); the detector ``POST /v1/models/detector:predict`` with
-``{"signature_name": "serving_bytes", "instances": [{"b64": PNG}]}`` (held-out 128 px images of
-``vision.data.shapes``, PNG-encoded, about 31 kB each). Request ``i`` of a round carries item
-``i`` of the same list on every server. Before the load, each model of each server gets 3
-requests one after the other, then one burst of as many concurrent requests as the largest
-level, and each server's CPU use while idle is measured over 5 s.
+turns (`harness.alternate`: ours, peer, then peer, ours, ...), ``repeats`` rounds per level;
+``unbatched`` runs alone afterwards. A round: N concurrent aiohttp clients, each sending one
+request after the other, one instance per request, until ``requests`` x N were sent or
+``seconds`` passed. The translator gets ``{"instances": [SENTENCE]}`` (held-out
+sentences of the embedded data; beam search, ``serving_default``), the detector
+``{"signature_name": "serving_bytes", "instances": [{"b64": PNG}]}`` (held-out 128 px shapes
+images, about 31 kB); request ``i`` carries item ``i`` on every server. First each model of
+each server gets 3 requests one after the other and a burst of N = the largest level; then
+each server's CPU use while idle is measured (``idle_seconds``). The load generator shares
+the machine's cores.
 
-Printed per server, model and N: requests/s (completed requests over a round's wall time, the
-median of the rounds), the p50/p95/p99 latency of all the rounds' completed requests (ms),
-errors (non-200 answers, answers without one prediction, and exceptions such as refused
-connections and timeouts: there should be none), and the server's memory: the summed RSS of
-the server process and all its descendants (``psutil``; for ``ours`` that includes Ray's
-processes and replicas, shared pages counted once per process) before and after the level,
-and the change in %. Then, per model: ``ratio = ours / peer`` of requests/s at each N (higher
-is better for ours), the batching speed-up, whether the servers' answers agree (equal
-translations; the largest difference of scores and box coordinates), and each server's memory
-over the whole load (after the warm-up against after the last level). The load generator runs
-on the same machine and shares its cores. Exits 1 if a request failed or a server did not
-start or exit cleanly, 2 without exports.
+Rows, per model and N: time per request (a round's wall time / its completed requests; the
+requests/s, errors and RSS in ``extra``), the p50 and p95 latency of a round's requests (the
+percentiles of all rounds pooled in ``extra``), ours against the peer; per model the batching
+speed-up (ours / unbatched requests/s at the largest N) and how far ours' answers differ from
+the peer's and unbatched's; the servers' memory (summed RSS of each process tree, Ray's
+processes included) after the load.
 
-The parts: ``serve_peer.py`` (the peer), ``serve_process.py`` (servers as subprocesses, their
-memory and idle CPU), ``serve_client.py`` (the request bodies, the load clients and the
-statistics of a level) and ``serve_report.py`` (the printed rows and summary).
+Sizes: ``standard``: N = 1, 4, 16, 64, 32 requests per client or 8 s a round, 3 rounds, the
+exports of ``scripts/quickstart.py`` (8 minutes of training, built once in the work
+directory), about 6 minutes once the exports exist; ``tiny``: ours and the peer at N = 2,
+3 requests per client, 1 round, small exports at random weights (no ``unbatched``, so no
+batching row).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import os
-import platform
+import concurrent.futures
+import pathlib
 import shlex
-import sys
-import time
-from pathlib import Path
 
-from serve_client import finish_row, load, request_bodies
-from serve_process import HOST, ROOT, Server, free_port, idle_cpu, tree_rss
-from serve_report import HEADER, print_row, summary
+import harness
+import workers
 
+from cases import serving_exports
+from cases.serving_client import finish_row, load, percentile, request_bodies
+from cases.serving_process import HOST, Server, free_port, idle_cpu, tree_rss
+from cases.serving_report import memory_row, model_rows
+
+DESCRIPTION = ("REST server (scripts/serve.py, Ray Serve, dynamic batching) under N concurrent "
+               "clients against a single-threaded http.server peer: time per request, p50/p95")
 MODELS = ("translator", "detector")
-DEFAULT_EXPORTS = {  # the first that exists is the default
-    "translator": (ROOT / "runs" / "quickstart" / "nmt" / "export",
-                   Path("/tmp/demo/nmt_after2/export")),
-    "detector": (ROOT / "runs" / "quickstart" / "detr" / "export",
-                 Path("/tmp/demo/detr_after/export")),
+SIZES = {
+    "tiny": {"exports": "random", "levels": [2], "requests": 3, "seconds": 8.0, "repeats": 1,
+             "pool": {"translator": 16, "detector": 8}, "idle_seconds": 1.0,
+             "unbatched": False, "timeout": 60.0, "start_timeout": 240.0},
+    "standard": {"exports": "trained", "train_minutes": 8.0, "levels": [1, 4, 16, 64],
+                 "requests": 32, "seconds": 8.0, "repeats": 3,
+                 "pool": {"translator": 256, "detector": 64}, "idle_seconds": 5.0,
+                 "unbatched": True, "timeout": 120.0, "start_timeout": 300.0},
 }
 WARMUP_SEQUENTIAL = 3
 
@@ -92,206 +86,114 @@ def warm_up(server: Server, model: str, bodies: list[bytes], burst: int, timeout
                                f"{model} failed: {out['first_error']}\n{server.tail()}")
 
 
-def run_group(names: list[str], plans: dict, args, bodies: dict[str, list[bytes]],
-              logdir: Path, results: dict, failed: list[str]) -> None:
-    """Starts the servers ``names`` together, warms them up, loads each model at each level,
-    the servers alternating (ABBA) ``--repeats`` times, and stops them; fills ``results``."""
+def one_round(server: Server, model: str, items: list[bytes], clients: int, size: dict,
+              rounds: list[dict]) -> float:
+    """One round of load on ``server``, appended to ``rounds``; its time per request."""
+    out = asyncio.run(load(url_of(server, model), items, clients, size["requests"] * clients,
+                           size["seconds"], size["timeout"]))
+    rounds.append(out)
+    if server.proc.poll() is not None:
+        raise RuntimeError(f"{server.name} server exited with {server.proc.poll()} under "
+                           f"load:\n{server.tail()}")
+    if not out["completed"]:
+        raise RuntimeError(f"{server.name} server answered none of {model}'s "
+                           f"{out['requests']} requests at N={clients} ({out['error_kinds']}; "
+                           f"first: {out['first_error']}):\n{server.tail()}")
+    out["p50_s"], out["p95_s"] = (percentile(out["latencies"], q) for q in (50, 95))
+    return out["seconds"] / out["completed"]
+
+
+def load_levels(started: dict[str, Server], plans: dict, size: dict,
+                bodies: dict[str, list[bytes]], results: dict) -> None:
+    """Each model at each level: the servers that have the level take turns, ``repeats``
+    rounds each."""
+    for model, items in bodies.items():
+        levels = sorted({n for name in started for n in plans[name][1]})
+        for clients in levels:
+            names = [name for name in started if clients in plans[name][1]]
+            rows = {name: {"clients": clients, "rounds": [],
+                           "rss_before": tree_rss(started[name].proc.pid)} for name in names}
+            harness.alternate({name: (lambda name=name: one_round(
+                started[name], model, items, clients, size, rows[name]["rounds"]))
+                for name in names}, size["repeats"], warmup=0)
+            for name in names:
+                results[name]["models"][model][clients] = finish_row(
+                    rows[name], tree_rss(started[name].proc.pid))
+
+
+def stop_all(started: dict[str, Server], results: dict, failed: list[str]) -> None:
+    """SIGTERM to every server at once; each must exit, with every process it started."""
+    with concurrent.futures.ThreadPoolExecutor(max(len(started), 1)) as pool:
+        exits = dict(zip(started, pool.map(Server.stop, started.values())))
+    for name, exit_ in exits.items():
+        results[name]["exit"] = exit_
+        if exit_["rc"] != 0 or exit_.get("killed") or exit_.get("leftover"):
+            failed.append(f"{name} server did not exit cleanly on SIGTERM: {exit_} "
+                          f"(log {started[name].log})")
+
+
+def run_group(names: list[str], plans: dict, size: dict, bodies: dict[str, list[bytes]],
+              logdir: pathlib.Path, results: dict, failed: list[str]) -> None:
+    """Starts the servers ``names`` together, warms them up, loads them (`load_levels`) and
+    stops them, whatever fails; fills ``results``, a failure goes to ``failed``."""
     started: dict[str, Server] = {}
     try:
         for name in names:
-            argv, _ = plans[name]
+            argv = plans[name][0]
             port = free_port()
-            server = Server(name, argv + ["--port", str(port)], logdir / f"{name}.log", port)
-            started[name] = server
-            results[name] = {"command": " ".join(shlex.quote(a) for a in argv), "models": {}}
-            results[name]["start_seconds"] = round(server.start(args.start_timeout), 1)
-            print(f"{name}: ready in {results[name]['start_seconds']} s (log {server.log})",
-                  flush=True)
-        levels = plans[names[0]][1]
+            started[name] = Server(name, argv + ["--port", str(port)], logdir / f"{name}.log",
+                                   port)
+            results[name] = {"command": shlex.join(argv),
+                             "models": {model: {} for model in bodies}}
+            started[name].launch()
+        for name, server in started.items():
+            results[name]["start_seconds"] = round(server.wait_ready(size["start_timeout"]), 1)
         for name, server in started.items():
             for model, items in bodies.items():
-                warm_up(server, model, items, max(levels), args.timeout)
-                results[name]["models"][model] = {"levels": []}
-        for name, server in started.items():
-            results[name]["idle_cpu_pct"] = idle_cpu(server.proc.pid)
+                warm_up(server, model, items, max(plans[name][1]), size["timeout"])
+        idle = idle_cpu([server.proc.pid for server in started.values()], size["idle_seconds"])
+        for (name, server), pct in zip(started.items(), idle):
+            results[name]["idle_cpu_pct"] = round(pct, 1)
             results[name]["rss_after_warmup"] = tree_rss(server.proc.pid)
-        print("warmed up; CPU used while idle (% of one core): " + ", ".join(
-            f"{name} {results[name]['idle_cpu_pct']:.0f} %" for name in started), flush=True)
-        print("\n" + HEADER, flush=True)
-        for model, items in bodies.items():
-            for clients in levels:
-                rows = {name: {"clients": clients, "rounds": [],
-                               "rss_before": tree_rss(server.proc.pid)}
-                        for name, server in started.items()}
-                for repeat in range(args.repeats):
-                    order = list(started) if repeat % 2 == 0 else list(started)[::-1]
-                    for name in order:
-                        server = started[name]
-                        out = asyncio.run(load(url_of(server, model), items, clients,
-                                               args.requests * clients, args.seconds,
-                                               args.timeout))
-                        rows[name]["rounds"].append(out)
-                        if out["errors"] and not out["completed"]:
-                            results[name]["models"][model]["levels"].append(
-                                finish_row(rows[name], tree_rss(server.proc.pid)))
-                            raise RuntimeError(f"{name} server answered none of {model}'s "
-                                               f"{out['requests']} requests at N={clients} "
-                                               f"({out['error_kinds']}; first: "
-                                               f"{out['first_error']}):\n{server.tail()}")
-                        if server.proc.poll() is not None:
-                            raise RuntimeError(f"{name} server exited with "
-                                               f"{server.proc.poll()} under load:\n"
-                                               f"{server.tail()}")
-                for name, server in started.items():
-                    row = finish_row(rows[name], tree_rss(server.proc.pid))
-                    results[name]["models"][model]["levels"].append(row)
-                    print_row(name, model, row)
+        load_levels(started, plans, size, bodies, results)
         for name, server in started.items():
             results[name]["rss_end"] = tree_rss(server.proc.pid)
-    except RuntimeError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        failed.append(str(error).splitlines()[0])
+    except (RuntimeError, workers.WorkerError) as error:
+        failed.append(str(error))
     finally:
-        for name, server in started.items():
-            exit_ = results[name]["exit"] = server.stop()
-            clean = exit_["rc"] == 0 and not exit_.get("killed") and not exit_.get("leftover")
-            print(f"{name}: stopped with SIGTERM: exit code {exit_['rc']} in "
-                  f"{exit_.get('seconds')} s, {exit_.get('descendants')} descendant processes "
-                  f"then, left running: {exit_.get('leftover') or 'none'}"
-                  f"{'' if clean else '  <-- NOT CLEAN'}", flush=True)
-            if not clean:
-                failed.append(f"{name}: did not exit cleanly ({exit_})")
+        stop_all(started, results, failed)
 
 
-def markdown_table(figures: dict) -> str:
-    """The README's table of a ``--json`` file: per model and N, each server's requests/s, the
-    ratio ours / peer and the p50 / p99 latencies."""
-    servers = figures["servers"]
-    lines = ["| model | N | ours req/s | peer req/s | ours / peer | ours p50 / p99 ms | "
-             "peer p50 / p99 ms | errors |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    rows = {(name, model, row["clients"]): row for name, result in servers.items()
-            for model, entry in result["models"].items() for row in entry["levels"]}
-    for model in MODELS:
-        for clients in figures["levels"]:
-            ours, peer = rows.get(("ours", model, clients)), rows.get(("peer", model, clients))
-            if not ours or not peer:
-                continue
-            lines.append(
-                f"| {model} | {clients} | {ours['requests_per_s']:.1f} | "
-                f"{peer['requests_per_s']:.1f} | "
-                f"**{ours['requests_per_s'] / peer['requests_per_s']:.2f}** | "
-                f"{ours['p50_ms']:,.0f} / {ours['p99_ms']:,.0f} | "
-                f"{peer['p50_ms']:,.0f} / {peer['p99_ms']:,.0f} | "
-                f"{ours['errors'] + peer['errors']} |")
-    return "\n".join(lines)
-
-
-def default_export(model: str) -> str | None:
-    for path in DEFAULT_EXPORTS[model]:
-        if (path / "saved_model.pb").is_file():
-            return str(path)
-    return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--translator", default=None,
-                        help="translator export (default: the first of "
-                             f"{', '.join(map(str, DEFAULT_EXPORTS['translator']))} there is)")
-    parser.add_argument("--detector", default=None,
-                        help="detector export (default: the first of "
-                             f"{', '.join(map(str, DEFAULT_EXPORTS['detector']))} there is)")
-    parser.add_argument("--levels", default="1,4,16,64", help="concurrent clients per level "
-                        "(64 stays below tfx-serve's default --max-queue of 256: no 503)")
-    parser.add_argument("--requests", type=int, default=32,
-                        help="requests per client in each round of a level (N x this at most)")
-    parser.add_argument("--seconds", type=float, default=8.0,
-                        help="time limit of each round of a level: no new request after it")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds per level and server")
-    parser.add_argument("--models", default=",".join(MODELS))
-    parser.add_argument("--servers", default="ours,peer,unbatched",
-                        help="which of ours, peer, unbatched to run")
-    parser.add_argument("--serve-script", default=str(ROOT / "scripts" / "serve.py"))
-    parser.add_argument("--server-args", default="",
-                        help="more arguments for scripts/serve.py, e.g. '--replicas 2'")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
-    parser.add_argument("--start-timeout", type=float, default=300.0)
-    parser.add_argument("--logdir", default=None, help="server logs (default: a temporary one)")
-    parser.add_argument("--json", default=None, help="write all figures to this file")
-    parser.add_argument("--table", metavar="JSON", default=None,
-                        help="only print the Markdown table of a --json file, run nothing")
-    args = parser.parse_args(argv)
-    if args.table:
-        print(markdown_table(json.loads(Path(args.table).read_text(encoding="utf-8"))))
-        return 0
-
-    models = [m for m in args.models.split(",") if m]
-    servers = [s for s in args.servers.split(",") if s]
-    levels = sorted({int(n) for n in args.levels.split(",") if n})
-    if set(models) - set(MODELS) or set(servers) - {"ours", "peer", "unbatched"} or not levels \
-            or min(levels) < 1 or not models or args.repeats < 1:
-        parser.error(f"--models within {MODELS}, --servers within ours,peer,unbatched, "
-                     "--levels positive integers, --repeats at least 1")
-    exports = {"translator": args.translator or default_export("translator"),
-               "detector": args.detector or default_export("detector")}
-    missing = [m for m in MODELS if not exports[m]
-               or not (Path(exports[m]) / "saved_model.pb").is_file()]
-    if missing:
-        looked = [f"--{m} {getattr(args, m)}" if getattr(args, m) else
-                  " or ".join(str(p) for p in DEFAULT_EXPORTS[m]) for m in missing]
-        print(f"error: no {' and no '.join(missing)} export (no saved_model.pb in "
-              f"{'; '.join(looked)}). `make demo` "
-              "(scripts/quickstart.py) trains both and writes runs/quickstart/nmt/export and "
-              "runs/quickstart/detr/export; or pass --translator DIR/export and --detector "
-              "DIR/export of scripts/train_nmt.py and scripts/train_detr.py runs.",
-              file=sys.stderr)
-        return 2
-
-    import tempfile
-
-    logdir = Path(args.logdir or tempfile.mkdtemp(prefix="serve_load_"))
+def run(size: dict, workdir: pathlib.Path) -> list[harness.Row]:
+    kind = size["exports"]
+    exports = serving_exports.exports(kind, workdir / f"exports-{kind}",
+                                      size.get("train_minutes", 0.0),
+                                      log=workdir / f"exports-{kind}.log")
+    logdir = workdir / "logs"
     logdir.mkdir(parents=True, exist_ok=True)
     model_args = [a for m in MODELS for a in (f"--{m}", exports[m])]
-    ours_argv = [sys.executable, args.serve_script, *model_args, *shlex.split(args.server_args)]
-    peer_argv = [sys.executable, str(Path(__file__).resolve().parent / "serve_peer.py"),
-                 *model_args]
-    plans = {"ours": (ours_argv, levels), "peer": (peer_argv, levels),
-             "unbatched": (ours_argv + ["--max-batch-size", "1"], [max(levels)])}
-    print(f"exports: {exports}\nlevels {levels}; each round at most {args.requests} requests per "
-          f"client and {args.seconds:g} s; {args.repeats} rounds per level; {os.cpu_count()} "
-          f"CPUs, load average {', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
-    bodies = {m: request_bodies(m) for m in models}
+    ours = [workers.PY, str(workers.ROOT / "scripts" / "serve.py"), *model_args]
+    levels = sorted(size["levels"])
+    plans = {"ours": (ours, levels),
+             "peer": ([workers.PY, str(pathlib.Path(__file__).with_name("serving_peer.py")),
+                       *model_args], levels),
+             "unbatched": (ours + ["--max-batch-size", "1"], [levels[-1]])}
+    bodies = {m: request_bodies(m, size["pool"][m]) for m in MODELS}
     results: dict = {}
     failed: list[str] = []
-    start = time.perf_counter()
-    for group in ([s for s in ("ours", "peer") if s in servers],
-                  [s for s in ("unbatched",) if s in servers]):
-        if group:
-            print(flush=True)
-            run_group(group, plans, args, bodies, logdir, results, failed)
-    figures = summary(results, models, levels)
+    groups = [["ours", "peer"]] + ([["unbatched"]] if size["unbatched"] else [])
+    for group in groups:
+        run_group(group, plans, size, bodies, logdir, results, failed)
+        if failed:
+            break
     for name, result in results.items():
         for model, entry in result["models"].items():
-            errors = sum(row["errors"] for row in entry["levels"])
+            errors = sum(row["errors"] for row in entry.values())
             if errors:
                 failed.append(f"{name} {model}: {errors} failed requests")
-    print(f"\ntotal {time.perf_counter() - start:.0f} s; load average now "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    if args.json:
-        for result in results.values():
-            for entry in result["models"].values():
-                for row in entry["levels"]:
-                    row.pop("outputs", None)
-        Path(args.json).write_text(json.dumps({
-            "argv": sys.argv, "exports": exports, "levels": levels, "requests": args.requests,
-            "seconds": args.seconds, "repeats": args.repeats, "cpus": os.cpu_count(),
-            "machine": platform.platform(), "date": time.strftime("%Y-%m-%d"),
-            "servers": results, "summary": figures, "failed": failed}, indent=2),
-            encoding="utf-8")
-    for line in failed:
-        print(f"FAILED: {line}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    if failed:
+        raise RuntimeError("serving: " + "\n".join(failed))
+    settings = {key: size[key] for key in ("requests", "seconds", "repeats")}
+    rows = [row for model in MODELS for row in model_rows(results, model, settings)]
+    memory = memory_row(results)
+    return rows + ([memory] if memory else [])

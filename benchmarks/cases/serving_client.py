@@ -1,4 +1,4 @@
-"""The load of ``serve_load.py``: the request bodies, the asyncio clients (aiohttp) and the
+"""The load of the ``serving`` case: the request bodies, the asyncio clients (aiohttp) and the
 statistics of a level's rounds."""
 
 from __future__ import annotations
@@ -11,22 +11,21 @@ import statistics
 import time
 from collections import Counter
 
-TRANSLATOR_POOL, DETECTOR_POOL = 256, 64  # distinct sentences, images
 
-
-def request_bodies(model: str) -> list[bytes]:
-    """The JSON bodies of one model's requests: one instance each, distinct items."""
+def request_bodies(model: str, count: int) -> list[bytes]:
+    """The JSON bodies of ``count`` requests to one model: one instance each, distinct items
+    (held-out sentences; held-out 128 px shapes images, PNG)."""
     if model == "translator":
         from nlp.data.embedded import generate_pairs
 
         return [json.dumps({"instances": [source]}).encode("utf-8")
-                for source, _ in generate_pairs(TRANSLATOR_POOL, split="valid")]
+                for source, _ in generate_pairs(count, split="valid")]
     from PIL import Image
 
     from vision.data.shapes import ShapesGenerator
 
     shapes, bodies = ShapesGenerator(split="valid"), []
-    for index in range(DETECTOR_POOL):
+    for index in range(count):
         png = io.BytesIO()
         Image.fromarray(shapes.example(index)["image"]).save(png, format="PNG")
         b64 = base64.b64encode(png.getvalue()).decode("ascii")

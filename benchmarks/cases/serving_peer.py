@@ -1,7 +1,7 @@
-"""The hand-rolled peer of ``serve_load.py``: a single-threaded ``http.server`` around
+"""The hand-rolled peer of the ``serving`` case: a single-threaded ``http.server`` around
 ``tf.saved_model.load``.
 
-    python benchmarks/serve_peer.py [--translator DIR] [--detector DIR] [--port 8501]
+    python benchmarks/cases/serving_peer.py [--translator DIR] [--detector DIR] [--port 8501]
 
 One ``tf.saved_model.load`` per export given, called from the handler of a single-threaded
 ``http.server.HTTPServer`` on 127.0.0.1 (one request at a time, one instance per call, HTTP/1.0:

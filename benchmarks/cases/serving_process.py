@@ -1,10 +1,10 @@
-"""Servers as subprocesses for ``serve_load.py``: a free port, start until ``ready:``, stop
-with SIGTERM and check that every descendant exited, and the memory and idle CPU of a
-process tree."""
+"""Servers as subprocesses for the ``serving`` case: a free port, start until ``ready:``, stop
+with SIGTERM and check that every descendant exited, and the memory and idle CPU of process
+trees. (An HTTP server is not a `workers` child: it answers on its port, not on stdout; it
+gets `workers.child_env`'s environment.)"""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -12,9 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-from serve_peer import HOST
+import workers
 
-ROOT = Path(__file__).resolve().parent.parent
+from cases.serving_peer import HOST
 
 
 def free_port() -> int:
@@ -43,13 +43,15 @@ def tree_rss(pid: int) -> dict:
 
 
 class Server:
-    """A server subprocess: its output goes to ``log``; `start` waits for its ``ready:`` line."""
+    """A server subprocess: `launch` starts it, its output goes to ``log``, `wait_ready` waits
+    for its ``ready:`` line, `stop` ends it and every process it started."""
 
     def __init__(self, name: str, argv: list[str], log: Path, port: int):
         self.name, self.argv, self.log, self.port = name, argv, log, port
         self.proc: subprocess.Popen | None = None
         self._ready = threading.Event()
         self._lines: list[str] = []
+        self._started = 0.0
 
     def _read(self) -> None:
         with open(self.log, "w", encoding="utf-8") as log:
@@ -64,22 +66,24 @@ class Server:
     def tail(self, n: int = 15) -> str:
         return "\n".join("    " + line for line in self._lines[-n:])
 
-    def start(self, timeout: float) -> float:
-        """Starts the server; returns the seconds until ``ready:``; RuntimeError if none."""
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    def launch(self) -> None:
+        """Starts the process (`wait_ready` then waits for its ``ready:`` line)."""
+        env = workers.child_env(TF_CPP_MIN_LOG_LEVEL="3")
         env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-        start = time.perf_counter()
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, errors="replace",
-                                     start_new_session=True)
+        self._started = time.perf_counter()
+        self.proc = subprocess.Popen(self.argv, cwd=workers.ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, errors="replace", start_new_session=True)
         threading.Thread(target=self._read, daemon=True).start()
-        if not self._ready.wait(timeout) or self.proc.poll() is not None:
+
+    def wait_ready(self, timeout: float) -> float:
+        """The seconds from `launch` to ``ready:``; RuntimeError if none within ``timeout``."""
+        left = timeout - (time.perf_counter() - self._started)
+        if not self._ready.wait(max(left, 0.0)) or self.proc.poll() is not None:
             state = (f"exited with {self.proc.poll()}" if self.proc.poll() is not None
                      else f"printed no ready: line in {timeout:.0f} s")
             raise RuntimeError(f"{self.name} server {state} (log {self.log}):\n{self.tail()}")
-        return time.perf_counter() - start
+        return time.perf_counter() - self._started
 
     def stop(self, timeout: float = 60.0) -> dict:
         """SIGTERM, then waits for the process and all its descendants; SIGKILL for those left
@@ -114,11 +118,12 @@ class Server:
                 "descendants": len(descendants), "leftover": leftover}
 
 
-def idle_cpu(pid: int, seconds: float = 5.0) -> float:
-    """CPU time used by process ``pid`` and its descendants while idle, in % of one core."""
+def idle_cpu(pids: list[int], seconds: float = 5.0) -> list[float]:
+    """CPU time used by each process of ``pids`` and its descendants over the same ``seconds``
+    while all are idle, in % of one core."""
     import psutil
 
-    def cpu() -> dict[int, float]:
+    def cpu(pid: int) -> dict[int, float]:
         try:
             root = psutil.Process(pid)
             procs = [root] + root.children(recursive=True)
@@ -133,8 +138,8 @@ def idle_cpu(pid: int, seconds: float = 5.0) -> float:
                 pass
         return times
 
-    before = cpu()
+    before = [cpu(pid) for pid in pids]
     time.sleep(seconds)
-    after = cpu()
-    used = sum(t - before.get(p, 0.0) for p, t in after.items())
-    return 100 * used / seconds
+    after = [cpu(pid) for pid in pids]
+    return [100 * sum(t - b.get(p, 0.0) for p, t in a.items()) / seconds
+            for b, a in zip(before, after)]

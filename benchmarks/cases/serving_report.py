@@ -1,30 +1,16 @@
-"""The printed report of ``serve_load.py``: a row per server, model and level, then per model
-the ratios, the batching speed-up, the agreement of the answers and the memory."""
+"""The rows of the ``serving`` case: per model and level, ours against the peer (time per
+request, p50 and p95 latency); per model the batching speed-up and the agreement of the
+answers; the servers' memory."""
 
 from __future__ import annotations
 
-HEADER = (f"{'server':<10} {'model':<10} {'N':>3} {'requests':>8} {'req/s':>7} {'p50 ms':>8} "
-          f"{'p95 ms':>8} {'p99 ms':>8} {'errors':>6} {'RSS MiB':>17} {'change':>7}")
-
-
-def _fmt(value: float | None, spec: str = ".0f") -> str:
-    return "-" if value is None else format(value, spec)
+import harness
 
 
 def change(before: dict, after: dict) -> float | None:
     if not before["rss_mib"]:
         return None
     return 100 * (after["rss_mib"] - before["rss_mib"]) / before["rss_mib"]
-
-
-def print_row(name: str, model: str, row: dict) -> None:
-    rss = f"{row['rss_before']['rss_mib']:,.0f} -> {row['rss_after']['rss_mib']:,.0f}"
-    print(f"{name:<10} {model:<10} {row['clients']:>3} {row['completed']:>8} "
-          f"{row['requests_per_s']:>7.2f} {_fmt(row['p50_ms']):>8} {_fmt(row['p95_ms']):>8} "
-          f"{_fmt(row['p99_ms']):>8} {row['errors']:>6} {rss:>17} "
-          f"{_fmt(change(row['rss_before'], row['rss_after']), '+.1f'):>6}%", flush=True)
-    if row["errors"]:
-        print(f"    errors: {row['error_kinds']}; first: {row['first_error']}", flush=True)
 
 
 def agreement(model: str, a: dict, b: dict) -> dict:
@@ -45,70 +31,98 @@ def agreement(model: str, a: dict, b: dict) -> dict:
     return diff
 
 
-def levels_of(result: dict | None, model: str) -> list[dict]:
-    return ((result or {}).get("models", {}).get(model) or {}).get("levels", [])
+def levels_of(results: dict, name: str, model: str) -> dict[int, dict]:
+    return results.get(name, {}).get("models", {}).get(model, {})
 
 
-def outputs_of(result: dict | None, model: str) -> dict:
+def outputs_of(results: dict, name: str, model: str) -> dict:
     merged: dict = {}
-    for row in levels_of(result, model):
+    for row in levels_of(results, name, model).values():
         for index, output in row["outputs"].items():
             merged.setdefault(index, output)
     return merged
 
 
-def rps(result: dict | None, model: str, clients: int) -> float | None:
-    for row in levels_of(result, model):
-        if row["clients"] == clients:
-            return row["requests_per_s"]
-    return None
+def _pooled(row: dict) -> dict:
+    return {key: None if row[key] is None else round(row[key], 1)
+            for key in ("p50_ms", "p95_ms", "p99_ms")}
 
 
-def summary(results: dict, models: list[str], levels: list[int]) -> dict:
-    """Prints and returns the ratios, the memory and the agreement of the answers."""
-    ours, peer, unbatched = (results.get(k) for k in ("ours", "peer", "unbatched"))
-    out: dict = {}
-    for model in models:
-        entry: dict = {}
-        print(f"\n{model}:")
-        rows = levels_of(ours, model)
-        if rows:
-            before, after = rows[0]["rss_before"], rows[-1]["rss_after"]
-            entry["ours_rss_change_pct"] = change(before, after)
-            print(f"  ours, server memory (RSS of {after['processes']} processes): "
-                  f"{before['rss_mib']:,.0f} MiB before this model's load, "
-                  f"{after['rss_mib']:,.0f} MiB after it: "
-                  f"{_fmt(entry['ours_rss_change_pct'], '+.1f')} %")
-        for clients in levels:
-            a, b = rps(ours, model, clients), rps(peer, model, clients)
-            if a is not None and b:
-                entry[f"ours_over_peer_N{clients}"] = a / b
-                print(f"  N={clients:<3} ours {a:7.2f} req/s, peer {b:7.2f} req/s: "
-                      f"ratio = ours / peer = {a / b:.2f} (ours/peer req/s, higher is better)")
-        a, b = rps(ours, model, max(levels)), rps(unbatched, model, max(levels))
-        if a is not None and b:
-            entry["batching_speedup"] = a / b
-            print(f"  dynamic batching, N={max(levels)}: {a:.2f} req/s batched, {b:.2f} req/s "
-                  f"with --max-batch-size 1: batched / unbatched = {a / b:.2f}")
-        for other_name, other in (("peer", peer), ("unbatched", unbatched)):
-            if not levels_of(ours, model) or not levels_of(other, model):
-                continue
-            same = agreement(model, outputs_of(ours, model), outputs_of(other, model))
-            entry[f"agreement_with_{other_name}"] = same
-            if model == "translator":
-                print(f"  answers, ours against {other_name}: {same['equal']} of {same['items']} "
-                      "translations equal")
-            else:
-                print(f"  answers, ours against {other_name}: {same['items']} images, largest "
-                      f"score difference {same['max_score_diff']:.2g}, box "
-                      f"{same['max_box_diff_px']:.2g} px, {same['label_mismatches']} labels differ")
-        out[model] = entry
+def level_rows(model: str, clients: int, levels: dict[str, dict], settings: dict) -> list:
+    """ours against the peer at one level: a round is one load of one server (its time per
+    completed request, the p50 and p95 of its latencies)."""
+    pair = {name: levels[name] for name in ("ours", "peer")}
+    common = {**settings, "model": model, "clients": clients}
+    rounds = {name: row["rounds"] for name, row in pair.items()}
+    per_request = {name: [r["seconds"] / r["completed"] for r in rs]
+                   for name, rs in rounds.items()}
+    extra = {"requests_per_s": {name: round(row["requests_per_s"], 2)
+                                for name, row in pair.items()},
+             "completed": {name: row["completed"] for name, row in pair.items()},
+             "errors": {name: row["errors"] for name, row in pair.items()},
+             "rss_mib": {name: [round(row["rss_before"]["rss_mib"]),
+                                round(row["rss_after"]["rss_mib"])]
+                         for name, row in pair.items()}}
+    rows = [harness.compare(f"{model}, N={clients}: time per request", per_request,
+                            peer="peer", settings=common, extra=extra)]
+    for q in ("p50", "p95"):
+        times = {name: [r[f"{q}_s"] for r in rs] for name, rs in rounds.items()}
+        rows.append(harness.compare(
+            f"{model}, N={clients}: {q} latency", times, peer="peer", settings=common,
+            extra={"all_rounds_ms": {name: _pooled(row) for name, row in pair.items()}}))
+    return rows
+
+
+def model_rows(results: dict, model: str, settings: dict) -> list:
+    """The level rows, the batching speed-up (ours / unbatched requests/s at the largest
+    level) and the agreement of ours' answers with the peer's and with unbatched's."""
+    rows = []
+    ours = levels_of(results, "ours", model)
+    for clients in sorted(ours):
+        peer = levels_of(results, "peer", model)
+        if clients in peer:
+            rows += level_rows(model, clients, {"ours": ours[clients], "peer": peer[clients]},
+                               settings)
+    unbatched = levels_of(results, "unbatched", model)
+    for clients in sorted(set(ours) & set(unbatched)):
+        a, b = ours[clients]["requests_per_s"], unbatched[clients]["requests_per_s"]
+        rows.append(harness.Row(
+            f"{model}, N={clients}: batching speed-up (req/s batched / max batch 1)",
+            ours=a / b, unit="x", repeats=len(unbatched[clients]["rounds"]),
+            settings={**settings, "model": model, "clients": clients},
+            extra={"requests_per_s": {"ours": round(a, 2), "unbatched": round(b, 2)}}))
+    for other in ("peer", "unbatched"):
+        if not ours or not levels_of(results, other, model):
+            continue
+        same = agreement(model, outputs_of(results, "ours", model),
+                         outputs_of(results, other, model))
+        if model == "translator":
+            rows.append(harness.Row(
+                f"translator: equal translations, ours vs {other}",
+                ours=100 * same["equal"] / max(same["items"], 1), unit="%",
+                settings={"model": model}, extra=same))
+        else:
+            rows.append(harness.Row(
+                f"detector: largest score difference, ours vs {other}",
+                ours=same["max_score_diff"], unit="", settings={"model": model}, extra=same))
+    return rows
+
+
+def memory_row(results: dict) -> harness.Row | None:
+    """Each server's memory (summed RSS of its process tree) after its last level; extra: after
+    the warm-up, the change, its start, idle CPU and exit."""
+    if "ours" not in results or "peer" not in results or "rss_end" not in results["ours"] \
+            or "rss_end" not in results["peer"]:
+        return None
+    extra = {}
     for name, result in results.items():
-        if "rss_end" in result:
-            before, after = result["rss_after_warmup"], result["rss_end"]
-            out[f"{name}_rss_change_pct"] = change(before, after)
-            print(f"{name}, server memory over the whole load (RSS): {before['rss_mib']:,.0f} MiB "
-                  f"({before['processes']} processes) after the warm-up, "
-                  f"{after['rss_mib']:,.0f} MiB ({after['processes']}) after the last level: "
-                  f"{_fmt(out[f'{name}_rss_change_pct'], '+.1f')} %")
-    return out
+        end, warm = result.get("rss_end"), result.get("rss_after_warmup")
+        extra[name] = {
+            "rss_end_mib": end and round(end["rss_mib"]), "processes": end and end["processes"],
+            "rss_after_warmup_mib": warm and round(warm["rss_mib"]),
+            "change_pct": end and warm and change(warm, end),
+            "start_seconds": result.get("start_seconds"),
+            "idle_cpu_pct": result.get("idle_cpu_pct"), "exit": result.get("exit")}
+    ours, peer = results["ours"]["rss_end"]["rss_mib"], results["peer"]["rss_end"]["rss_mib"]
+    return harness.Row("server memory (RSS of its processes) after the load", ours=ours,
+                       peer=peer, ratio=ours / peer, peer_name="peer", unit="MiB", extra=extra)
