@@ -1,300 +1,184 @@
 """Decoding engines on the same weights: our SavedModel against transformers' ``generate``
-(PyTorch CPU) and CTranslate2 (float32 and int8), for a base-size OPUS-MT-layout model.
+(PyTorch CPU) and CTranslate2 (float32 and int8), beam 4 and greedy, for an OPUS-MT-layout
+Marian model; and its fine-tuning step against transformers'.
 
-    python benchmarks/nmt_engines.py [--workdir runs/nmt_engines] [--sentences 500]
-                                     [--repeats 3] [--batch-size 32] [--vocab-size 58101]
-                                     [--size base|tiny] [--engines ours,transformers,...]
-                                     [--modes beam,greedy] [--ours LABEL=EXPORT_DIR ...]
+Nothing is downloaded. Three worker processes (`engines_stages`; transformers' modeling code
+never shares a process with TensorFlow), started at once:
 
-``--size tiny`` builds the same folder in the project's tiny preset's dimensions (2+2 layers,
-d_model 128, 4 heads, ffn 512; Marian's swish; random weights with the eos bias); use it with
-``--pieces 2000 --vocab-size 0`` (no padding: the vocabulary is the two SentencePiece models'
-pieces). ``--ours LABEL=DIR`` adds a SavedModel written by another version of the search
-(``scripts/convert_nmt.py`` run at that version) as engine ``ours LABEL``, alternating with
-the others: the before/after ratio of a change to the search.
+1. build (`engines_marian.build`, in transformers' worker): a ``MarianMTModel`` of random
+   weights written with ``save_pretrained`` as ``tests/nlp/pretrained/reference_marian.py``
+   does, two SentencePiece models trained on the embedded corpus's training pairs, a shared
+   tied vocabulary padded with unused pieces to OPUS-MT en-de's 58,101 entries (so that the
+   output projection, softmax and top-k cost what they cost in a real model; the padding
+   pieces are never chosen; the ``<pad>`` row zeros, as OPUS-MT's), the eos bias bisected so
+   that translations are about as long as their sources. CTranslate2's own converter
+   (``ct2-transformers-converter``'s) converts it, float32 (int8: ``compute_type="int8"``
+   on load); our worker converts it with ``scripts/convert_nmt.py``'s command;
+2. translation: the engines, on ``threads`` threads each, translate the first ``sentences``
+   held-out sources of the embedded corpus sorted by length, in batches of ``batch_size``,
+   beam 4 and greedy, as users run each engine: ours the export's ``serving_default`` /
+   ``greedy`` (at most source length + 50 tokens); transformers ``generate(num_beams=4 or 1,
+   max_new_tokens=50 + the longest source of the batch)``; CTranslate2 a plain
+   ``Translator.translate_batch`` on token lists (MarianTokenizer's pieces), the same beam,
+   ``max_decoding_length`` 49 + the longest source, ``min_decoding_length=0``. Each engine
+   warms up on the shortest and longest batch; the engines alternate (`harness.alternate`)
+   over ``repeats`` passes. A row: seconds per pass, ours against one peer; ``extra`` has
+   sentences/s, generated tokens (every engine's translations encoded with the target
+   SentencePiece model, + 1 each; the peer's own count), tokens/s (the like-for-like figure
+   in beam mode, where CTranslate2 stops a sentence once its best hypothesis ends) and the
+   translations identical to transformers';
+3. fine-tuning: the same ``train_batch`` x ``train_length`` batches (source, target_in,
+   target_out, no padding) on the converted Keras model (``model.train_on_batch``, compiled
+   by ``nlp.training.train.compile_model`` without XLA: Adam, global clip norm,
+   label-smoothed loss) and on transformers' model (forward with ``labels``, backward, clip
+   to 1, ``torch.optim.Adam``), alternating step by step after ``warmup_steps``.
 
-Nothing is downloaded. Steps, each in its own process (transformers' modeling code never shares
-a process with TensorFlow):
-
-1. ``benchmarks/marian_stages.py --stage data`` and ``--stage build`` (see
-   ``benchmarks/nmt_marian.py``): the embedded corpus, two SentencePiece models trained on it,
-   and a ``MarianMTModel`` of random weights written with ``save_pretrained`` (6+6 layers,
-   d_model 512, 8 heads, ffn 2048, swish, shared tied vocabulary; eos bias set so that
-   translations are about as long as their sources). Here ``vocab.json`` is padded with
-   unused pieces to ``--vocab-size`` entries (OPUS-MT en-de's size, 58,101) so that the output
-   projection, softmax and top-k cost what they cost in a real model; the padding pieces get
-   ``final_logits_bias`` -30, so they are computed at every step but never chosen; the
-   ``<pad>`` row (the decoder start) is zeros, as in OPUS-MT's models (CTranslate2 starts
-   Marian decoders from a zero embedding and drops ``<pad>`` from the vocabulary);
-2. ``scripts/convert_nmt.py FOLDER --out DIR`` (this project's converter) and CTranslate2's
-   own ``ct2-transformers-converter --model FOLDER`` (float32; int8 is CTranslate2's
-   ``compute_type="int8"`` on load);
-3. three workers, each on 2 threads (ours: TensorFlow's default pools on this 2-core machine;
-   transformers: ``torch.set_num_threads(2)``; CTranslate2: ``intra_threads=2``), translate
-   the first ``--sentences`` held-out sentences sorted by length in batches of
-   ``--batch-size``, beam 4 and greedy: ours the export's ``serving_default`` / ``greedy``
-   (at most source length + 50 tokens), transformers ``generate(num_beams=4 or 1,
-   max_new_tokens=50 + longest source of the batch)``, CTranslate2 ``translate_batch`` with
-   the same beam, ``max_decoding_length`` 49 + the longest source (its limit leaves out the
-   eos that transformers' ``forced_eos_token_id`` puts last) and ``min_decoding_length=0``
-   (its default 1 forbids an immediate eos). Each warms up on the shortest and longest
-   batch; the engines alternate within every repeat; times are medians.
-
-Generated tokens, for every engine alike: its translations encoded with the target
-SentencePiece model, + 1 (eos) each (each engine's own count, where it has one, in the JSON).
-Agreement: translations identical to transformers' with the same beam. Prints a table and
-JSON last. Not a test: it takes minutes.
+Sizes: ``standard``: the base layout (6+6 layers, d_model 512, 8 heads, ffn 2048, swish;
+74.4 M parameters), 2 threads, 128 sentences, 3 passes, 10 steps of 16 x 32 tokens (500
+sentences, as in experiments/README.md's record, take about 36 minutes on 2 cores; that
+record's fine-tuning figures had the corpus's 818 pieces, not the padded vocabulary).
+``tiny``: 2+2 layers, d_model 128, 16 sentences, one pass, one step, one thread per engine
+(beside other jobs, the 2-thread pools of torch and CTranslate2 thrash, 10-50x slower). The
+built model is kept in ``WORKDIR/model-KEY`` (KEY: the build's settings) and reused.
 """
 
 from __future__ import annotations
 
-import argparse
+import concurrent.futures
+import hashlib
 import json
-import os
+import pathlib
+import shutil
 import statistics
-import subprocess
-import sys
 import time
 
-import marian_stages  # this script's folder is on the path when it runs
-from marian_stages import batches_of, count_generated, emit
-from nmt_marian import ENV, PY, ROOT, Worker, machine, read_result
+import harness
+import workers
 
-STAGES = [PY, os.path.join(ROOT, "benchmarks", "marian_stages.py")]
-ENGINES = ("ours", "transformers", "ct2 float32", "ct2 int8")
-def stage_args(args) -> list:
-    return ["--workdir", args.workdir, "--sentences", str(args.sentences),
-            "--batch-size", str(args.batch_size), "--pieces", str(args.pieces),
-            "--calibration-steps", str(args.calibration_steps)]
+DESCRIPTION = ("decoding engines on one OPUS-MT-layout model (ours vs transformers' generate "
+               "and CTranslate2 float32 / int8, beam 4 and greedy) and its fine-tuning step")
 
-
-# ---------------------------------------------------------------------------------- workers
-
-def serve(args, translate) -> None:
-    """Warm up, then answer ``beam``/``greedy`` lines with the pass's time and outputs."""
-    with open(os.path.join(args.workdir, "pairs.json"), encoding="utf-8") as f:
-        batches = batches_of(json.load(f)["sources"], args.batch_size)
-    for mode in ("beam", "greedy"):
-        for batch in (batches[0], batches[-1]):
-            translate(batch, mode)
-    emit({"ready": True})
-    for line in sys.stdin:
-        mode = line.strip()
-        if mode == "quit":
-            return
-        started = time.perf_counter()
-        done = [translate(batch, mode) for batch in batches]
-        seconds = time.perf_counter() - started
-        emit({"seconds": seconds, "translations": [t for texts, _ in done for t in texts],
-              "tokens": sum(n for _, n in done)})
+SIZES = {
+    "tiny": {"layers": 2, "d_model": 128, "heads": 4, "ffn": 512, "pieces": 256,
+             "vocab_size": 768, "train_pairs": 1000, "sentences": 16, "threads": 1,
+             "batch_size": 8, "repeats": 1, "calibration_steps": 6, "train_batch": 4,
+             "train_length": 16, "train_steps": 1, "warmup_steps": 1},
+    "standard": {"layers": 6, "d_model": 512, "heads": 8, "ffn": 2048, "pieces": 8000,
+                 "vocab_size": 58101, "train_pairs": None, "sentences": 128, "threads": 2,
+                 "batch_size": 32, "repeats": 3, "calibration_steps": 6, "train_batch": 16,
+                 "train_length": 32, "train_steps": 10, "warmup_steps": 2},
+}
+# What the built folder depends on (its cache key); None train_pairs: the corpus's 20,000.
+BUILD = ("layers", "d_model", "heads", "ffn", "pieces", "vocab_size", "train_pairs",
+         "sentences", "calibration_steps", "train_batch", "train_length", "train_steps",
+         "warmup_steps")
+# engine -> (worker, the payload of its beam / greedy asks)
+ENGINES = {"ours": ("ours", None), "transformers": ("theirs", None),
+           "ctranslate2 float32": ("ct2", "float32"), "ctranslate2 int8": ("ct2", "int8")}
+WORKERS = ("ours", "theirs", "ct2")
+MODES = {"beam": "beam 4", "greedy": "greedy"}
 
 
-def worker_ours(args) -> None:
-    import tensorflow as tf
-    import tensorflow_text  # noqa: F401  (the export's ops)
-
-    export = tf.saved_model.load(args.export or os.path.join(args.workdir, "converted",
-                                                             "export"))
-    signatures = {"beam": export.signatures["serving_default"],
-                  "greedy": export.signatures["greedy"]}
-
-    def translate(batch, mode):
-        out = signatures[mode](text=tf.constant(batch))["translation"].numpy()
-        return [t.decode("utf-8") for t in out], 0  # tokens: counted by the parent
-
-    serve(args, translate)
+def _start(name: str, job: dict) -> workers.Worker:
+    return workers.Worker([workers.PY, "-m", "cases.engines_stages", name, json.dumps(job)],
+                          log=pathlib.Path(job["home"]) / f"{name}.log")
 
 
-def worker_theirs(args) -> None:
-    import torch
-    import transformers
-
-    torch.set_num_threads(2)
-    folder = os.path.join(args.workdir, "opus")
-    tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
-    model = transformers.MarianMTModel.from_pretrained(folder).eval()
-    eos = model.config.eos_token_id
-
-    def translate(batch, mode):
-        enc = tokenizer(batch, padding=True, return_tensors="pt")
-        with torch.inference_mode():
-            out = model.generate(**enc, num_beams=4 if mode == "beam" else 1,
-                                 max_new_tokens=50 + int(enc["attention_mask"].sum(1).max()))
-        return (tokenizer.batch_decode(out, skip_special_tokens=True),
-                sum(count_generated(row, eos) for row in out))
-
-    if args.count:  # target-spm tokens (+ eos) of the texts on stdin, then exit
-        texts = json.loads(sys.stdin.readline())
-        emit({"tokens": sum(len(tokenizer(text_target=t)["input_ids"]) for t in texts)})
-        return
-    serve(args, translate)
+def _together(*calls) -> list:
+    """The calls' results, the calls run at once (the children's imports and loads overlap)."""
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [future.result() for future in futures]
 
 
-def worker_ct2(args) -> None:
-    import ctranslate2
-    import transformers
-
-    tokenizer = transformers.MarianTokenizer.from_pretrained(os.path.join(args.workdir, "opus"))
-    translator = ctranslate2.Translator(os.path.join(args.workdir, "ct2"), device="cpu",
-                                        compute_type=args.compute_type, intra_threads=2,
-                                        inter_threads=1)
-
-    def translate(batch, mode):
-        tokens = [tokenizer.convert_ids_to_tokens(tokenizer.encode(s)) for s in batch]
-        results = translator.translate_batch(
-            tokens, beam_size=4 if mode == "beam" else 1,
-            max_decoding_length=49 + max(len(t) for t in tokens), min_decoding_length=0)
-        out = [r.hypotheses[0] for r in results]
-        texts = [tokenizer.decode(tokenizer.convert_tokens_to_ids(t), skip_special_tokens=True)
-                 for t in out]
-        return texts, sum(len(t) + 1 for t in out)
-
-    serve(args, translate)
+def _theirs(pool: dict, job: dict) -> dict:
+    """Starts transformers' worker; it builds the job's folder unless that is done."""
+    pool["theirs"] = _start("theirs", job)
+    done = pathlib.Path(job["home"]) / "build.json"
+    if not done.exists():
+        done.write_text(json.dumps(pool["theirs"].ask("build")))
+    return json.loads(done.read_text())
 
 
-# ----------------------------------------------------------------------------------- parent
-
-def prepare(args) -> dict:
-    """Data, the transformers folder, our conversion and CTranslate2's (each once)."""
-    report = {}
-    folder, converted = os.path.join(args.workdir, "opus"), os.path.join(args.workdir,
-                                                                         "converted")
-    steps = [
-        ("data", [*STAGES, "--stage", "data", *stage_args(args)], None),
-        ("build", [PY, __file__, "--stage", "build", *stage_args(args),
-                   "--vocab-size", str(args.vocab_size), "--size", args.size],
-         f"{folder}/model.safetensors"),
-        ("convert", [PY, "scripts/convert_nmt.py", folder, "--out", converted],
-         f"{converted}/export/saved_model.pb"),
-        ("ct2", [os.path.join(os.path.dirname(PY), "ct2-transformers-converter"), "--model",
-                 folder, "--output_dir", os.path.join(args.workdir, "ct2"), "--force"],
-         os.path.join(args.workdir, "ct2", "model.bin")),
-    ]
-    for name, command, done in steps:
-        if done is not None and os.path.exists(done):
-            continue
-        started = time.time()
-        proc = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True)
-        if proc.returncode:
-            sys.stderr.write(proc.stderr[-4000:])
-            raise SystemExit(f"error: step {name} failed ({proc.returncode})")
-        lines = proc.stdout.splitlines()
-        report[name] = {"seconds": round(time.time() - started, 1)}
-        if any(line.startswith("RESULT ") for line in lines):
-            report[name].update(read_result(lines))
-        print(f"{name}: {json.dumps(report[name])}", flush=True)
-    return report
+def _load(pool: dict, name: str, job: dict) -> dict:
+    if name not in pool:
+        pool[name] = _start(name, job)
+    return pool[name].ask("load")
 
 
-class EngineWorker(Worker):
-    def __init__(self, name, stage, args, *extra):
-        log = open(os.path.join(args.workdir, f"{name.replace(' ', '_')}.log"), "w")
-        self.proc = subprocess.Popen(
-            [PY, __file__, "--stage", stage, *stage_args(args), *extra], cwd=ROOT, env=ENV,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
-        read_result(self.proc.stdout)
+def _translation_rows(pool: dict, repeats: int, settings: dict) -> list:
+    rows, last = [], {}
+
+    def contender(engine, mode):
+        def call():
+            worker, variant = ENGINES[engine]
+            last[engine, mode] = pool[worker].ask(mode, variant)
+            return last[engine, mode]["seconds"]
+        return call
+
+    for mode, label in MODES.items():
+        times = harness.alternate({e: contender(e, mode) for e in ENGINES}, repeats, warmup=0)
+        texts = {e: last[e, mode]["translations"] for e in ENGINES}
+        tokens = {e: pool["theirs"].ask("count", texts[e])["tokens"] for e in ENGINES}
+        n = len(texts["ours"])
+        for peer in list(ENGINES)[1:]:
+            pair = ("ours", peer)
+            seconds = {e: statistics.median(times[e]) for e in pair}
+            rows.append(harness.compare(
+                f"{label}, {n} sentences, vs {peer}", times, peer=peer, unit="s",
+                settings=settings,
+                extra={"sentences": n,
+                       "sentences_per_s": {e: round(n / seconds[e], 3) for e in pair},
+                       "tokens": {e: tokens[e] for e in pair},
+                       "tokens_per_s": {e: round(tokens[e] / seconds[e], 1) for e in pair},
+                       "peer_own_token_count": last[peer, mode]["tokens"],
+                       "same_as_transformers": {e: sum(a == b for a, b in zip(
+                           texts[e], texts["transformers"])) for e in pair}}))
+    return rows
 
 
-def count_tokens(args, texts) -> int:
-    proc = subprocess.run([PY, __file__, "--stage", "theirs", "--count", *stage_args(args)],
-                          cwd=ROOT, env=ENV, input=json.dumps(texts) + "\n",
-                          capture_output=True, text=True, check=True)
-    return read_result(proc.stdout.splitlines())["tokens"]
+def _fine_tuning_row(pool: dict, size: dict, settings: dict) -> harness.Row:
+    _together(lambda: pool["ours"].ask("train"), lambda: pool["theirs"].ask("train"))
+    last = {}
+
+    def contender(engine):
+        def call():
+            last[engine] = pool[ENGINES[engine][0]].ask("step")
+            return last[engine]["seconds"]
+        return call
+
+    times = harness.alternate({e: contender(e) for e in ("ours", "transformers")},
+                              size["train_steps"], warmup=size["warmup_steps"])
+    tokens = size["train_batch"] * size["train_length"]
+    return harness.compare(
+        f"fine-tuning step, {size['train_batch']} x {size['train_length']} target tokens",
+        times, peer="transformers", unit="ms", settings=settings,
+        extra={"target_tokens_per_s": {e: round(tokens / statistics.median(t), 1)
+                                       for e, t in times.items()},
+               "last_loss": {e: answer["loss"] for e, answer in last.items()},
+               "process_cpu_seconds": {e: answer["process_cpu_seconds"]
+                                       for e, answer in last.items()}})
 
 
-def main(args) -> None:
-    started = time.time()
-    os.makedirs(args.workdir, exist_ok=True)
-    report = {"machine": machine(), "load_before": os.getloadavg(), **prepare(args)}
-    starts = {"ours": ("ours",), "transformers": ("theirs",),
-              "ct2 float32": ("ct2", "--compute-type", "float32"),
-              "ct2 int8": ("ct2", "--compute-type", "int8")}
-    for label, export in (item.split("=", 1) for item in args.ours):
-        starts[f"ours {label}"] = ("ours", "--export", os.path.abspath(export))
-    engines = [e for e in args.engines.split(",") if e] + [f"ours {item.split('=')[0]}"
-                                                         for item in args.ours]
-    modes = args.modes.split(",")
-    workers = {engine: EngineWorker(engine, starts[engine][0], args, *starts[engine][1:])
-               for engine in engines}
-    times = {(e, m): [] for e in engines for m in modes}
-    results = {}
-    for repeat in range(args.repeats):
-        for mode in modes:
-            for engine in engines:
-                results[engine, mode] = workers[engine].ask(mode)
-                times[engine, mode].append(results[engine, mode]["seconds"])
-                print(f"pass {repeat + 1}, {mode}, {engine}: "
-                      f"{results[engine, mode]['seconds']:.1f} s", flush=True)
-    for worker in workers.values():
-        worker.close()
-    rows = []
-    same_as = "transformers" if "transformers" in engines else engines[0]
-    ours = next(e for e in engines if e.startswith("ours"))
-    for mode in modes:
-        for engine in engines:
-            out = results[engine, mode]
-            out["own_count"], out["tokens"] = out["tokens"], count_tokens(args,
-                                                                          out["translations"])
-        reference = results[same_as, mode]["translations"]
-        our_texts = results[ours, mode]["translations"]  # a change to the search keeps them
-        base = statistics.median(times[engines[0], mode])
-        for engine in engines:
-            seconds = statistics.median(times[engine, mode])
-            out = results[engine, mode]
-            rows.append({"mode": mode, "engine": engine, "seconds": round(seconds, 2),
-                         "sentences_per_s": round(len(out["translations"]) / seconds, 2),
-                         "tokens": out["tokens"], "own_count": out["own_count"],
-                         "tokens_per_s": round(out["tokens"] / seconds, 1),
-                         "ours_time_over_this": round(base / seconds, 2),
-                         "same_as_transformers": sum(a == b for a, b in
-                                                     zip(out["translations"], reference)),
-                         f"same_as_{ours}": sum(a == b for a, b in
-                                                zip(out["translations"], our_texts))})
-    n = len(results[engines[0], modes[0]]["translations"])
-    print(f"\nmachine: {report['machine']}; {n} sentences, median of {args.repeats} passes")
-    print(f"| decoding | engine | s | sentences/s | tokens/s | {engines[0]} time / its time | "
-          f"same as {same_as} |\n|---|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['mode']} | {r['engine']} | {r['seconds']:.2f} | {r['sentences_per_s']:.2f} | "
-              f"{r['tokens_per_s']:.1f} | {r['ours_time_over_this']:.2f} | "
-              f"{r['same_as_transformers']} / {n} |")
-    report.update(rows=rows, times={f"{e}, {m}": t for (e, m), t in times.items()},
-                  load_after=os.getloadavg(), seconds=round(time.time() - started, 1))
-    print(json.dumps(report))
-
-
-def parse(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default="runs/nmt_engines")
-    parser.add_argument("--sentences", type=int, default=500)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--vocab-size", type=int, default=58101,
-                        help="pad the vocabulary to this size (0: no padding)")
-    parser.add_argument("--size", choices=("base", "tiny"), default="base")
-    parser.add_argument("--engines", default=",".join(ENGINES),
-                        help="comma-separated, from: " + ", ".join(ENGINES))
-    parser.add_argument("--modes", default="beam,greedy")
-    parser.add_argument("--ours", action="append", default=[], metavar="LABEL=EXPORT_DIR",
-                        help="another SavedModel to time as engine 'ours LABEL'")
-    parser.add_argument("--calibration-steps", type=int, default=6)
-    parser.add_argument("--pieces", type=int, default=8000)
-    for name, default in (("train-batch", 16), ("train-length", 32), ("train-steps", 10),
-                          ("warmup-steps", 2)):  # marian_stages.stage_build's batches
-        parser.add_argument(f"--{name}", type=int, default=default, help=argparse.SUPPRESS)
-    parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--compute-type", default="float32", help=argparse.SUPPRESS)
-    parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--export", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    args.workdir = os.path.abspath(args.workdir)
-    return args
-
-
-if __name__ == "__main__":
-    ARGS = parse()
-    if ARGS.stage is None:
-        main(ARGS)
-    else:
-        {"build": marian_stages.stage_build_padded, "ours": worker_ours, "theirs": worker_theirs,
-         "ct2": worker_ct2}[ARGS.stage](ARGS)
+def run(size: dict, workdir: pathlib.Path) -> list:
+    job = {key: size[key] for key in BUILD}
+    home = workdir / f"model-{hashlib.sha1(json.dumps(job).encode()).hexdigest()[:10]}"
+    if not (home / "build.json").exists():
+        shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True, exist_ok=True)
+    job.update(home=str(home), batch_size=size["batch_size"], threads=size["threads"])
+    pool, ok, started = {}, False, time.perf_counter()
+    try:  # the build beside our worker's imports, then the loads (ours converts) and ct2's start
+        built = _together(lambda: _theirs(pool, job),
+                          lambda: pool.update(ours=_start("ours", job)))[0]
+        loads = dict(zip(WORKERS, _together(*(lambda name=name: _load(pool, name, job)
+                                               for name in WORKERS))))
+        settings = {"model": {k: built[k] for k in ("parameters", "vocab_size", "real_vocab")},
+                    "load": loads, "ready_seconds": round(time.perf_counter() - started, 1)}
+        rows = _translation_rows(pool, size["repeats"], settings)
+        rows.append(_fine_tuning_row(pool, size, settings))
+        ok = True
+    finally:
+        for worker in pool.values():
+            worker.close() if ok else worker.kill()
+    return rows

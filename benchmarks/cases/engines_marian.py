@@ -1,200 +1,179 @@
-"""A base-size OPUS-MT (Marian) model of random weights, converted with
-``scripts/convert_nmt.py``: translation speed of our export against transformers'
-``MarianMTModel.generate``, and fine-tuning speed of the converted Keras model against
-transformers' model with torch's Adam.
+"""The model of the `engines` case: an OPUS-MT-layout ``MarianMTModel`` of random weights,
+built by transformers in the ``build`` child of `engines_stages` (a process without
+TensorFlow), and the fine-tuning batches.
 
-    python benchmarks/nmt_marian.py [--workdir runs/nmt_marian] [--sentences 500] [--repeats 3]
-                                    [--train-steps 10] [--pieces 8000]
+`build` writes into the job's folder:
 
-Nothing is downloaded. The steps, each in its own process (transformers' modeling code must not
-share a process with TensorFlow):
-
-1. the embedded corpus (``nlp.data.sources.load_pairs("embedded", ...)``): the training pairs
-   train the two SentencePiece models (``--pieces`` each, unigram, a soft limit: what
-   SentencePiece can learn from the corpus; the embedded corpus's small vocabulary gives
-   about 280 + 620 pieces, a shared vocabulary of 818, far below OPUS-MT's 58k: the output
-   projection, and so the beam steps, cost less than a real model's) and fill the
-   fine-tuning batches; the first
-   ``--sentences`` held-out sources (``valid_fraction=0.05, seed=0``) are translated;
-2. transformers builds the OPUS-MT folder as ``tests/nlp/pretrained/reference_marian.py`` does (its
-   config, its random weights and its files), but base-size: 6+6 layers, d_model 512, 8 heads,
-   ffn 2048, swish, shared vocabulary (the union of both spm models, OPUS-MT's ``vocab.json``).
-   With random weights the beams would run to the length limit; the bias of eos in
-   ``final_logits_bias`` is set (by bisection on greedy decoding of 32 sentences) so that
-   translations are about as long as their sources, as OPUS-MT's are;
-3. ``scripts/convert_nmt.py FOLDER --out DIR``;
-4. two workers stay up, ours (TensorFlow: ``DIR/export``'s ``serving_default``, and
-   ``DIR/model.keras`` compiled as ``nlp.training.train.compile_model`` does, without XLA as
-   ``train_nmt`` by default) and theirs (torch, ``torch.set_num_threads(2)``); the parent
-   alternates them:
-
-   * translation: the sentences sorted by length, in batches of ``--batch-size``, beam 4.
-     Ours decodes at most source length + 50 tokens a sentence; theirs gets
-     ``max_new_tokens`` = 50 + the longest source of the batch (``torch.inference_mode``).
-     Each worker first translates the shortest and the longest batch (warm-up); a pass is
-     timed ``--repeats`` times, alternating, and the median is reported. Generated tokens:
-     theirs counted from the ids (eos included), ours by encoding our translations with the
-     target spm (+ eos): only an estimate, as random pieces re-segment into more pieces;
-   * fine-tuning: the same ``--train-batch`` x ``--train-length`` batches (source, target_in,
-     target_out, no padding) on both; ``--warmup-steps`` steps, then ``--train-steps`` timed
-     steps; median step time. Ours: ``model.train_on_batch`` (Adam, global clip norm,
-     label-smoothed loss); theirs: forward with ``labels``, backward, clip, ``torch.optim.Adam``.
-     Tokens/s counts target tokens (batch x length).
-
-Prints a table (ratios ours/theirs of the times: below 1, ours is faster) and JSON last.
+- ``opus/``: what a Helsinki-NLP/opus-mt-* folder holds, made as
+  ``tests/nlp/pretrained/reference_marian.py`` makes its folders (its config, its random
+  weights, its file writers), in the case's dimensions: two SentencePiece models (unigram,
+  ``pieces`` each, a soft limit) trained on the embedded corpus's training pairs, a shared
+  ``vocab.json`` (the union of their pieces) padded with unused pieces to ``vocab_size``
+  entries (0: not padded), whose ``final_logits_bias`` is `FILLER_BIAS`: computed at every
+  step, never chosen; the ``<pad>`` row (the decoder start) zeros, as in OPUS-MT's models
+  (CTranslate2 starts Marian decoders from a zero embedding and drops ``<pad>``); the eos bias
+  set by bisection so that greedy translations of 32 sources are about as long as the
+  sources (random weights would otherwise run to the length limit);
+- ``ct2/``: CTranslate2's own conversion of that folder (``ct2-transformers-converter``'s
+  converter, float32);
+- ``pairs.json``: the sources to translate (the first ``sentences`` held-out ones);
+- ``train_batches.npz``: the training pairs' ids run together and cut into rows of
+  ``train_length`` tokens (source, target_in, target_out; no padding).
 """
 
 from __future__ import annotations
 
-import argparse
+import io
 import json
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PY = sys.executable
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT)
-STAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "marian_stages.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REFERENCE = os.path.join(ROOT, "tests", "nlp", "pretrained")
+FILLER_BIAS = -30.0
 
 
-def read_result(stream) -> dict:
-    for line in stream:
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    raise RuntimeError("worker ended without a result")
+def reference():
+    """``(reference_marian, opus_vocab)``: the parity tests' config, random weights and file
+    writers, and OPUS-MT's vocab.json layout."""
+    if REFERENCE not in sys.path:
+        sys.path.insert(0, REFERENCE)
+    import reference_marian
+    from reference_marian_text import opus_vocab
+
+    return reference_marian, opus_vocab
 
 
-# -------------------------------------------------------------------------------------- parent
-
-def run_stage(stage, args) -> dict:
-    command = [PY, STAGES, "--stage", stage, *passthrough(args)]
-    proc = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"stage {stage} failed ({proc.returncode})")
-    return read_result(proc.stdout.splitlines())
+def count_generated(row, eos: int) -> int:
+    """Generated tokens of a ``generate`` row, eos included, the decoder start not."""
+    ids = row[1:].tolist()
+    return ids.index(eos) + 1 if eos in ids else len(ids)
 
 
-def passthrough(args) -> list:
-    out = []
-    for name in ("workdir", "sentences", "batch_size", "repeats", "train_steps", "warmup_steps",
-                 "train_batch", "train_length", "pieces", "calibration_steps"):
-        out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
-    return out
+def _spm(lines, path: str, pieces: int):
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, model_type="unigram",
+        vocab_size=pieces, hard_vocab_limit=False, character_coverage=1.0, num_threads=2)
+    with open(path, "wb") as f:
+        f.write(model.getvalue())
+    return sentencepiece.SentencePieceProcessor(model_file=path)
 
 
-class Worker:
-    def __init__(self, stage, args):
-        self.proc = subprocess.Popen(
-            [PY, STAGES, "--stage", stage, *passthrough(args)], cwd=ROOT,
-            env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=open(os.path.join(args.workdir, f"{stage}.log"), "w"), text=True)
-        read_result(self.proc.stdout)
-
-    def ask(self, command: str) -> dict:
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return read_result(self.proc.stdout)
-
-    def close(self):
-        self.proc.stdin.write("quit\n")
-        self.proc.stdin.flush()
-        self.proc.wait()
+def _kept(processor) -> list:
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())
+            if not (processor.is_unknown(i) or processor.is_control(i))]
 
 
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+def _calibrate(model, tokenizer, sources: list, steps: int) -> dict:
+    """Bisects the eos bias so that greedy translations of 32 sources are, on average, as
+    long as those sources."""
+    import numpy as np
+    import torch
+
+    probe = tokenizer(sources[:32], padding=True, return_tensors="pt")
+    target_length = float(probe["attention_mask"].sum(1).float().mean())
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    base = float(model.final_logits_bias[0, eos])
+    low, high, lengths = 0.0, 40.0, []
+    for _ in range(steps):
+        mid = (low + high) / 2
+        with torch.no_grad():
+            model.final_logits_bias[0, eos] = base + mid
+        with torch.inference_mode():
+            out = model.generate(**probe, num_beams=1, max_new_tokens=int(target_length * 3),
+                                 bad_words_ids=[[pad]])
+        length = float(np.mean([count_generated(row, eos) for row in out]))
+        lengths.append((round(mid, 2), round(length, 1)))
+        low, high = (mid, high) if length > target_length else (low, mid)
+    with torch.no_grad():
+        model.final_logits_bias[0, eos] = base + (low + high) / 2
+    return {"eos_bias_added": round((low + high) / 2, 2), "probe_source_length": target_length,
+            "bisection": lengths}
 
 
-def main(args) -> None:
+def _train_batches(job: dict, train: list, tokenizer, pad: int, path: str) -> None:
+    import numpy as np
+
+    n, length = job["train_batch"] * (job["warmup_steps"] + job["train_steps"]), \
+        job["train_length"]
+    src_ids, tgt_ids = [], []
+    for s, t in train:
+        if len(src_ids) >= n * length and len(tgt_ids) >= n * length:
+            break
+        src_ids += tokenizer(s)["input_ids"]
+        tgt_ids += tokenizer(text_target=t)["input_ids"]
+    if min(len(src_ids), len(tgt_ids)) < n * length:
+        raise ValueError(f"{len(train)} training pairs give fewer than {n} x {length} tokens")
+    source = np.array(src_ids[:n * length], np.int32).reshape(n, length)
+    target_out = np.array(tgt_ids[:n * length], np.int32).reshape(n, length)
+    target_in = np.concatenate([np.full((n, 1), pad, np.int32), target_out[:, :-1]], 1)
+    np.savez(path, source=source, target_in=target_in, target_out=target_out)
+
+
+def build(job: dict) -> dict:
+    """Writes the job's folder (see the module's docstring); returns what it built."""
+    import ctranslate2
+    import sentencepiece
+    import torch
+    import transformers
+
+    from nlp.data import embedded
+
     started = time.time()
-    os.makedirs(args.workdir, exist_ok=True)
-    report = {"machine": machine(), "load_before": os.getloadavg()}
-    report["data"] = run_stage("data", args)
-    if not os.path.exists(os.path.join(args.workdir, "opus", "model.safetensors")):
-        report["build"] = run_stage("build", args)
-        print("built:", json.dumps(report["build"]), flush=True)
-    converted = os.path.join(args.workdir, "converted")
-    if not os.path.exists(converted):
-        t = time.time()
-        subprocess.run([PY, "scripts/convert_nmt.py", os.path.join(args.workdir, "opus"),
-                        "--out", converted], cwd=ROOT, env=ENV, check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        report["convert_seconds"] = round(time.time() - t, 1)
-    ours, theirs = Worker("ours", args), Worker("theirs", args)
-    t_ours, t_theirs = [], []
-    for _ in range(args.repeats):
-        a = ours.ask("translate")
-        t_ours.append(a["seconds"])
-        b = theirs.ask("translate")
-        t_theirs.append(b["seconds"])
-        print(f"translate pass: ours {a['seconds']:.1f} s, theirs {b['seconds']:.1f} s",
-              flush=True)
-    ours_tokens = theirs.ask("count " + json.dumps(a["translations"]))["tokens"]
-    n = len(a["translations"])
-    same = sum(x == y for x, y in zip(a["translations"], b["translations"]))
-    tr_ours, tr_theirs = ours.ask("train"), theirs.ask("train")
-    ours.close()
-    theirs.close()
-    so, st = statistics.median(t_ours), statistics.median(t_theirs)
-    step_o, step_t = statistics.median(tr_ours["step_seconds"]), statistics.median(
-        tr_theirs["step_seconds"])
-    tokens = args.train_batch * args.train_length
-    report.update(
-        translate={"sentences": n, "ours_seconds": t_ours, "theirs_seconds": t_theirs,
-                   "ours_tokens": ours_tokens, "theirs_tokens": b["tokens"],
-                   "identical_translations": same},
-        train={"ours_step_seconds": tr_ours["step_seconds"],
-               "theirs_step_seconds": tr_theirs["step_seconds"],
-               "ours_loss": tr_ours["loss"], "theirs_loss": tr_theirs["loss"],
-               "ours_parameters": tr_ours["parameters"]},
-        load_after=os.getloadavg(), seconds=round(time.time() - started, 1))
-    rows = [
-        ("translation, sentences/s", n / so, n / st, so / st),
-        ("translation, generated tokens/s", ours_tokens / so, b["tokens"] / st, so / st),
-        ("fine-tuning, target tokens/s", tokens / step_o, tokens / step_t, step_o / step_t),
-    ]
-    print(f"\nmachine: {report['machine']}")
-    print("| measure | ours | transformers | time ours / theirs |\n|---|---:|---:|---:|")
-    for name, x, y, r in rows:
-        print(f"| {name} | {x:,.1f} | {y:,.1f} | {r:.2f} |")
-    print(f"translation: {n} sentences, median of {args.repeats} passes (ours {so:.1f} s, theirs "
-          f"{st:.1f} s), {ours_tokens} / {b['tokens']} generated tokens, {same} identical; "
-          f"fine-tuning: {args.train_batch} x {args.train_length}, median of "
-          f"{args.train_steps} steps (ours {step_o:.2f} s, theirs {step_t:.2f} s)")
-    print(json.dumps(report))
+    ref, opus_vocab = reference()
+    torch.manual_seed(0)
+    torch.set_num_threads(job["threads"])
+    sentencepiece.set_min_log_level(2)
+    home = job["home"]
+    folder = os.path.join(home, "opus")
+    os.makedirs(folder, exist_ok=True)
+    # load_pairs("embedded", ...)'s pairs (a prefix of the full split), without TensorFlow
+    train = embedded.generate_pairs(job["train_pairs"], 0, "train")
+    sources = [s for s, _ in embedded.generate_pairs(job["sentences"], 0, "valid")]
+    with open(os.path.join(home, "pairs.json"), "w", encoding="utf-8") as f:
+        json.dump({"sources": sources}, f, ensure_ascii=False)
 
+    source_spm = _spm([s for s, _ in train], f"{folder}/source.spm", job["pieces"])
+    target_spm = _spm([t for _, t in train], f"{folder}/target.spm", job["pieces"])
+    pieces = _kept(source_spm)
+    pieces += [p for p in _kept(target_spm) if p not in set(pieces)]
+    real = len(opus_vocab(pieces))  # "</s>", "<unk>", the pieces, "<pad>"
+    vocab = opus_vocab(pieces + [f"▁unused{i}" for i in range(job["vocab_size"] - real)])
+    ref.write_json(f"{folder}/vocab.json", vocab)
+    ref.write_json(f"{folder}/tokenizer_config.json", {
+        "source_lang": "en", "target_lang": "de", "separate_vocabs": False,
+        "model_max_length": 512})
+    ref.write_json(f"{folder}/special_tokens_map.json",
+                   {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
 
-def parse(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default="runs/nmt_marian")
-    parser.add_argument("--sentences", type=int, default=500)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--train-steps", type=int, default=10)
-    parser.add_argument("--warmup-steps", type=int, default=2)
-    parser.add_argument("--train-batch", type=int, default=16)
-    parser.add_argument("--train-length", type=int, default=32)
-    parser.add_argument("--pieces", type=int, default=8000)
-    parser.add_argument("--calibration-steps", type=int, default=6)
-    parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    args.workdir = os.path.abspath(args.workdir)
-    return args
-
-
-if __name__ == "__main__":
-    main(parse())
+    config = ref.marian_config("shared", len(vocab), len(vocab))
+    config.encoder_layers = config.decoder_layers = job["layers"]
+    config.encoder_attention_heads = config.decoder_attention_heads = job["heads"]
+    config.encoder_ffn_dim = config.decoder_ffn_dim = job["ffn"]
+    config.d_model, config.activation_function = job["d_model"], "swish"
+    model = transformers.MarianMTModel(config).eval()
+    ref.randomize(model, ref.SCALES["shared"])
+    pad = config.pad_token_id
+    with torch.no_grad():
+        model.final_logits_bias[0, real - 1:pad] = FILLER_BIAS  # the fillers, if any
+        model.get_input_embeddings().weight[pad] = 0.0
+    tokenizer = transformers.MarianTokenizer(
+        source_spm=f"{folder}/source.spm", target_spm=f"{folder}/target.spm",
+        vocab=f"{folder}/vocab.json", source_lang="en", target_lang="de")
+    calibration = _calibrate(model, tokenizer, sources, job["calibration_steps"])
+    model.save_pretrained(folder)
+    ref.write_json(f"{folder}/generation_config.json", ref.generation_config(pad))
+    _train_batches(job, train, tokenizer, pad, os.path.join(home, "train_batches.npz"))
+    ct2_started = time.time()
+    ctranslate2.converters.TransformersConverter(folder).convert(os.path.join(home, "ct2"),
+                                                                 force=True)
+    return {"vocab_size": len(vocab), "real_vocab": real, "train_pairs": len(train),
+            "source_pieces": source_spm.get_piece_size(),
+            "target_pieces": target_spm.get_piece_size(),
+            "parameters": sum(p.numel() for p in model.parameters()), **calibration,
+            "ct2_convert_seconds": round(time.time() - ct2_started, 1),
+            "seconds": round(time.time() - started, 1)}
