@@ -3,9 +3,9 @@ TensorFlow (transformers' modeling code, torch, a runtime with its own thread po
 child process, started once and asked many times, so that the parent can alternate it with ours.
 
 Parent side: ``Worker(argv)`` starts the child and waits for its first result (the child is
-ready: its imports and builds are done), ``ask(command, payload)`` writes one line
-``COMMAND JSON`` and returns the child's answer, ``close()`` ends it. ``run_once(argv)`` runs
-a child to its end and returns its one result.
+ready: its imports and builds are done; ``wait=False`` leaves that to ``wait_ready()``),
+``ask(command, payload)`` writes one line ``COMMAND JSON`` and returns the child's answer,
+``close()`` ends it. ``run_once(argv)`` runs a child to its end and returns its one result.
 
 Child side: ``serve(handlers, ready)`` announces ``ready`` and answers each line with the
 handler of its command; ``emit(obj)`` is the one result of a ``run_once`` child.
@@ -65,7 +65,7 @@ class Worker:
     """A child process that answers commands, one line each (see the module's docstring)."""
 
     def __init__(self, argv: list[str], log: pathlib.Path | None = None,
-                 env: dict | None = None, cwd: pathlib.Path = ROOT):
+                 env: dict | None = None, cwd: pathlib.Path = ROOT, wait: bool = True):
         if log is None:
             log = pathlib.Path(tempfile.mkstemp(prefix="worker-", suffix=".log")[1])
         self.log = pathlib.Path(log)
@@ -74,13 +74,22 @@ class Worker:
             self.proc = subprocess.Popen(argv, cwd=cwd, env=env or child_env(), text=True,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          stderr=err)
-        try:
-            self.ready = read_answer(self.proc.stdout, self.log)
-        except BaseException:
-            self.kill()
-            raise
+        self.ready = None
+        if wait:  # else the caller does other work while the child sets up, then waits
+            self.wait_ready()
+
+    def wait_ready(self) -> dict:
+        """The child's first answer (its setup is done), read once."""
+        if self.ready is None:
+            try:
+                self.ready = read_answer(self.proc.stdout, self.log)
+            except BaseException:
+                self.kill()
+                raise
+        return self.ready
 
     def ask(self, command: str, payload=None) -> dict:
+        self.wait_ready()
         line = command if payload is None else f"{command} {json.dumps(payload)}"
         try:
             self.proc.stdin.write(line + "\n")

@@ -51,7 +51,11 @@ import traceback
 import numpy as np
 from gpu_torch import TorchWorker, cut, groups_of, make_sources  # this folder is on the path
 from gpu_train import matmul_peaks, train_stage
-from nmt_marian import ROOT, machine, read_result
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+from harness import machine  # noqa: E402
+from workers import ROOT, WorkerError  # noqa: E402
 
 EXTRA = 50  # tokens past the source (ours: each sentence's; transformers: the batch's longest)
 FULL = dict(vocab=58101, real=8000, layers=6, d=512, heads=8, ffn=2048, calibration=8,
@@ -117,7 +121,7 @@ def decode_stage(args, size, worker, batch: int, cache: dict) -> dict:
         return {"seconds": time.perf_counter() - begin, "outputs": outputs}
 
     def theirs(mode, everything=True):
-        return worker.ask(json.dumps({"mode": mode, "batch": batch, "all": everything}))
+        return worker.ask("generate", {"mode": mode, "batch": batch, "all": everything})
 
     for mode in searches:  # warm-up: each executable once; transformers first and last batch
         ours(mode, {a.shape: k for k, a in enumerate(arrays)}.values())
@@ -163,8 +167,8 @@ def main(args) -> None:
     def wait():  # for the torch worker's model, once (None)
         if "torch_worker" not in report:
             try:
-                report["torch_worker"] = read_result(worker.proc.stdout)
-            except RuntimeError as error:  # it died: see torch_worker.log
+                report["torch_worker"] = worker.wait_ready()
+            except WorkerError as error:  # it died: see torch_worker.log
                 report["torch_worker"] = {"error": str(error)}
 
     def train(which, policy):

@@ -9,7 +9,8 @@ filler ids (all but the first ``real`` after ``</s>`` and ``<unk>``) at ``final_
 of the first 32 sources are as long as those sources on average. Writes it with
 ``save_pretrained`` and the Hub's ``generation_config.json`` to ``WORKDIR/opus`` and decodes
 with the model read back from there, float32 without TF32, on CUDA if there is one. Then
-answers each line ``{"mode": "beam" | "greedy", "batch": B, "all": bool}`` with one timed pass
+answers each ``generate`` command of the worker protocol (``benchmarks/workers.py``), with
+``{"mode": "beam" | "greedy", "batch": B, "all": bool}``, by one timed pass
 over the sources sorted by length in batches of B (``all`` false: the first and last batch
 only, a warm-up): ``generate(num_beams=4 or 1, max_new_tokens=extra + the longest source)``;
 until a line ``quit``.
@@ -19,14 +20,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
-from marian_stages import emit, reference_module  # this script's folder is on the path
-from nmt_engines import FILLER_BIAS
-from nmt_marian import ROOT, Worker
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "benchmarks"))
+from cases.engines_marian import FILLER_BIAS, reference  # noqa: E402
+from workers import Worker, serve  # noqa: E402
 
 
 def make_sources(size, seed=0) -> list:
@@ -54,7 +56,7 @@ def main(workdir: str) -> None:
     import torch
     import transformers
 
-    started, ref = time.time(), reference_module()
+    started, (ref, _) = time.time(), reference()
     with open(os.path.join(workdir, "job.json")) as f:
         job = json.load(f)
     size, sources, pad = job["size"], job["sources"], job["size"]["vocab"] - 1
@@ -99,16 +101,15 @@ def main(workdir: str) -> None:
     model.save_pretrained(folder)
     ref.write_json(os.path.join(folder, "generation_config.json"), ref.generation_config(pad))
     model = transformers.MarianMTModel.from_pretrained(folder).to(device).eval()
-    emit({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+    ready = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
           "torch": torch.__version__, "transformers": transformers.__version__,
           "parameters": sum(p.numel() for p in model.parameters()),
           "eos_bias_added": round((low + high) / 2, 2), "probe_length": target,
-          "bisection": steps, "seconds": round(time.time() - started, 1)})
+          "bisection": steps, "seconds": round(time.time() - started, 1)}
 
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            return
-        ask, outputs = json.loads(line), [None] * len(sources)
+    def generate_pass(ask: dict) -> dict:
+        """One timed pass: ``{"mode": "beam" | "greedy", "batch": B, "all": bool}``."""
+        outputs = [None] * len(sources)
         groups = groups_of(sources, ask["batch"])
         if device == "cuda":
             torch.cuda.synchronize()
@@ -119,18 +120,17 @@ def main(workdir: str) -> None:
                            max_new_tokens=job["extra"] + max(map(len, rows)))
             for i, row in zip(group, out):
                 outputs[i] = row
-        emit({"seconds": time.perf_counter() - begin, "outputs": outputs})
+        return {"seconds": time.perf_counter() - begin, "outputs": outputs}
+
+    serve({"generate": generate_pass}, ready)
 
 
 class TorchWorker(Worker):
     """`gpu_torch.py` in its own process; its stderr goes to ``WORKDIR/torch_worker.log``."""
 
     def __init__(self, workdir):
-        self.log = os.path.join(workdir, "torch_worker.log")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), workdir],
-            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=open(self.log, "w"), text=True)
+        super().__init__([sys.executable, os.path.abspath(__file__), workdir],
+                         log=os.path.join(workdir, "torch_worker.log"), wait=False)
 
 
 if __name__ == "__main__":

@@ -91,7 +91,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reference_marian_releases import VARIANTS, release_config  # noqa: E402
 from reference_marian_text import (  # noqa: E402
     SENTENCES,
-    opus_vocab,  # noqa: F401  (benchmarks/cases/engines.py reads it from this module)
     text_outputs,
     write_json,
     write_tokenizer,
