@@ -1,133 +1,149 @@
-"""DETR train-step time and the share of it spent in Hungarian matching.
+"""DETR-family detection: our DETR's train step (the Hungarian matcher's share, the step
+XLA-compiled), and DETR, RT-DETR and D-FINE against transformers' PyTorch models (train
+steps and inference), each pair in one process.
 
-For each setting, builds the preset's model (random weights), times ``train_on_batch`` (one
-optimizer step: forward, set loss with matching of every decoder layer, backward, AdamW) and,
-on the same outputs, the matcher alone (scipy and ``keras.ops`` solvers, every decoder layer,
-as the loss calls it), and the whole step XLA-compiled with the ``keras.ops`` solver, each the
-median of several repetitions after a warm-up. Prints the
-matcher's share of the step and, for the setting of the reference CPU run of
-facebookresearch/detr (vanilla ``tiny-detr``, batch 16, 128 px), the ratio to its 0.34 s/step
-(measured with PyTorch on 2 threads of a 2-core CPU, not timed here; the run is described in
-benchmarks/README.md). ``tiny`` adds the two-stage
-proposals (matched too) and box refinement.
+Rows, in order (every pair timed in alternating rounds after a warm-up; ratio = ours / peer,
+below 1 ours is faster):
 
-    python benchmarks/detr.py [--repeats 5] [--only tiny,tiny16,tiny-detr16,r50]
+- our DETR train step (`cases.detr_steps`), per setting: the whole step XLA-compiled with the
+  ``keras.ops`` solver against the default step (no XLA, the scipy solver); the matcher alone
+  on the same outputs, ``keras.ops`` against scipy (the scipy matcher's share of the default
+  step in the row's extra); for the setting marked ``reference``, the default step over the
+  0.34 s/step of facebookresearch/detr's reference CPU run (vanilla ``tiny-detr``, batch 16,
+  128 px; not timed here);
+- DETR against transformers' ``DetrForObjectDetection`` (`cases.detr_transformers`): one
+  train step (with TensorFlow's oneDNN kernels on, as ``train_detr.py``), and detection by
+  our exported SavedModel against the eager model plus its post-processing (oneDNN as
+  TensorFlow decides, as ``detect.py``);
+- RT-DETR, then D-FINE, against transformers' ``RTDetrForObjectDetection`` /
+  ``DFineForObjectDetection`` (`cases.detr_rtdetr`), the same weights on both sides (ours
+  converted by ``tfx-convert-detr``): detection by our export against the eager model, one
+  train step, and at the ``tiny`` size our RT-DETR / D-FINE step against our DETR ``tiny``.
+
+Sizes. ``standard``: the original scripts' defaults took well over 10 minutes on 2 cores, so
+it keeps their smaller settings: our DETR step at ``tiny`` batch 2 and 16, and ``tiny-detr``
+batch 16, all 128 px (not ``r50-detr`` batch 2 at 256 px); DETR against transformers at
+``small`` (ResNet-50, 3+3 layers, d 128, 20 queries, batch 4, 128 px; not DETR-R50 batch 2 at
+256 px), inference of DETR-R50 at 512 px, batch 1 only (not 4); RT-DETR inference at r18
+(not r50) and D-FINE at ``n``, 640 px, batch 1 and 4; both train steps at ``tiny`` (128 px,
+batch 16; not r18 / ``s`` at 640 px); 5 repeats. ``tiny``: the smallest configurations (64 px,
+batch 1, one decoder layer where a config allows it, the 4-conv backbone and a one-block-per-stage
+ResNet instead of ResNet-50), 1 repeat: it checks that every row runs, not the figures.
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import statistics
-import sys
-import time
+import threading
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import harness
+import workers
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+DESCRIPTION = ("DETR train step (matcher share, XLA); DETR, RT-DETR and D-FINE against "
+               "transformers: train steps and inference")
 
-from vision.config import preset  # noqa: E402
-from vision.matching.matcher import HungarianMatcher  # noqa: E402
-from vision.modeling.detr import build_criterion, build_model  # noqa: E402
-from vision.modeling.optimizer import build_optimizer  # noqa: E402
+# DetrConfig fields of the `small` model of DETR against transformers (ResNet-50 backbone).
+SMALL = dict(hidden_dim=128, num_heads=8, num_encoder_layers=3, num_decoder_layers=3,
+             num_queries=20, ffn_dim=512)
+TINY_DETR = dict(hidden_dim=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                 num_queries=10, ffn_dim=64)
+# transformers' D-FINE ties the box heads of decoder layers 1... to layer 0's: 2 layers at least.
+TINY_RT = {"rtdetr": {"decoder_layers": 1, "encoder_layers": 1},
+           "dfine": {"decoder_layers": 2, "encoder_layers": 1}}
 
-PEER_TINY_B16_S = 0.34  # facebookresearch/detr's reference CPU run (PyTorch, 2 threads)
-SETTINGS = {  # name: (preset, batch, image side, objects per image)
-    "tiny": ("tiny", 2, 128, 4),
-    "tiny16": ("tiny", 16, 128, 4),
-    "tiny-detr16": ("tiny-detr", 16, 128, 4),  # vanilla DETR: the reference's setting
-    "r50": ("r50-detr", 2, 256, 4),
+SIZES = {
+    "tiny": {
+        # One child: the train step against transformers with TensorFlow's default oneDNN too
+        # (a second TensorFlow + torch start saved; the figures are not the point here).
+        "repeats": 1, "warmup": 1, "onednn_child": False,
+        # torch on one thread: two spin-wait each other's turn on a busy 2-core machine
+        "torch_threads": 1,
+        # XLA's compilation of the train step at its cheapest (it checks the row, not its time)
+        "xla_flags": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+        "steps": [{"preset": "tiny", "batch": 1, "side": 64, "objects": 2, "reference": True,
+                   "overrides": {"num_encoder_layers": 1, "num_decoder_layers": 1}}],
+        "detr_train": [{"name": "tiny", "batch": 1, "side": 64, "backbone": "tiny",
+                        "model": TINY_DETR}],
+        "detr_infer": {"side": 64, "batches": [1], "backbone": "tiny", "model": TINY_DETR},
+        "rtdetr_infer": [{"family": family, "size": "tiny", "side": 64, "batches": [1],
+                          "config": TINY_RT[family]} for family in ("rtdetr", "dfine")],
+        "rtdetr_train": [{"family": family, "size": "tiny", "side": 64, "batch": 1,
+                          "classes": 3, "denoising": False, "config": TINY_RT[family],
+                          "detr_overrides": {"num_encoder_layers": 1, "num_decoder_layers": 1}}
+                         for family in ("rtdetr", "dfine")],
+    },
+    "standard": {
+        "repeats": 5, "warmup": 1, "onednn_child": True, "torch_threads": 2,
+        "steps": [{"preset": "tiny", "batch": 2, "side": 128, "objects": 4},
+                  {"preset": "tiny", "batch": 16, "side": 128, "objects": 4},
+                  {"preset": "tiny-detr", "batch": 16, "side": 128, "objects": 4,
+                   "reference": True}],
+        "detr_train": [{"name": "small", "batch": 4, "side": 128, "backbone": "resnet50",
+                        "model": SMALL}],
+        "detr_infer": {"side": 512, "batches": [1], "backbone": "resnet50", "model": {}},
+        "rtdetr_infer": [{"family": "rtdetr", "size": "r18", "side": 640, "batches": [1, 4]},
+                         {"family": "dfine", "size": "n", "side": 640, "batches": [1, 4]}],
+        "rtdetr_train": [{"family": family, "size": "tiny", "side": 128, "batch": 16,
+                          "classes": 3, "denoising": False} for family in ("rtdetr", "dfine")],
+    },
 }
 
 
-def _batch(batch: int, side: int, objects: int, num_queries: int, rng):
-    boxes = np.zeros((batch, num_queries, 4), "float32")
-    boxes[:, :objects, :2] = rng.uniform(0.2, 0.8, (batch, objects, 2))
-    boxes[:, :objects, 2:] = rng.uniform(0.05, 0.3, (batch, objects, 2))
-    valid = np.zeros((batch, num_queries), bool)
-    valid[:, :objects] = True
-    labels = rng.integers(0, 3, (batch, num_queries)).astype("int32")
-    x = {"images": rng.normal(size=(batch, side, side, 3)).astype("float32"),
-         "mask": np.ones((batch, side, side), bool)}
-    return x, {"labels": labels, "boxes": boxes, "valid": valid}
+def start_children(workdir, size: dict) -> dict[str, workers.Worker]:
+    """The children, started together (their imports overlap; nothing is timed meanwhile):
+    ``default`` (TensorFlow's oneDNN as it decides) and, where ``size["onednn_child"]``,
+    ``onednn`` (its kernels on) for the train step against transformers."""
+    names = ["default"] + (["onednn"] if size["onednn_child"] else [])
+    env = workers.child_env(**({"XLA_FLAGS": size["xla_flags"]} if size.get("xla_flags")
+                               else {}))
+    started, errors = {}, []
+
+    def start(name):
+        try:
+            started[name] = workers.Worker(
+                [workers.PY, "-m", "cases.detr_child", "--torch-threads",
+                 str(size["torch_threads"])] + (["--onednn"] if name == "onednn" else []),
+                log=workdir / f"{name}.log", env=env)
+        except BaseException as error:  # raised below, in the case's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=start, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        for worker in started.values():
+            worker.kill()
+        raise errors[0]
+    return started
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up (tracing)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def run(size: dict, workdir) -> list[harness.Row]:
+    timing = {"repeats": size["repeats"], "warmup": size["warmup"]}
+    rows = []
+    children = start_children(workdir, size)
+    default = children["default"]
 
+    def ask(worker: workers.Worker, command: str, setting: dict) -> None:
+        for row in worker.ask(command, {**setting, **timing})["rows"]:
+            row["extra"]["process"] = worker.ready  # torch threads, oneDNN, versions
+            rows.append(harness.Row(**row))
 
-def measure(name: str, repeats: int) -> dict:
-    preset_name, batch, side, objects = SETTINGS[name]
-    config = preset(preset_name, batch_size=batch, image_size=side, max_image_size=side)
-    keras.utils.set_random_seed(0)
-    model = build_model(config, 3)
-    model.compile(optimizer=build_optimizer(config, model),
-                  criterion=build_criterion(config, 3), jit_compile=False)
-    x, y = _batch(batch, side, objects, config.num_queries, np.random.default_rng(0))
-    step = _median_seconds(lambda: model.train_on_batch(x, y), repeats)
-    # The whole step under XLA: only the keras.ops solver compiles (scipy is a host callback).
-    xla_config = preset(preset_name, batch_size=batch, image_size=side, max_image_size=side,
-                        matcher_solver="ops")
-    keras.utils.set_random_seed(0)
-    xla_model = build_model(xla_config, 3)
-    xla_model.compile(optimizer=build_optimizer(xla_config, xla_model),
-                      criterion=build_criterion(xla_config, 3), jit_compile=True)
-    xla_step = _median_seconds(lambda: xla_model.train_on_batch(x, y), repeats)
-
-    outputs = model(x, training=True)
-    layers = [outputs] + list(outputs["aux_outputs"])
-    if "enc_outputs" in outputs:  # two-stage proposals, matched as well
-        layers.append(outputs["enc_outputs"])
-    row = {"setting": f"{preset_name} B{batch} {side}px", "step_s": step, "xla_step_s": xla_step}
-    for solver in ("scipy", "ops"):
-        matcher = HungarianMatcher(config.cost_class, config.cost_bbox, config.cost_giou,
-                                   solver=solver)
-
-        @tf.function(jit_compile=False)
-        def match_all(matcher=matcher):
-            return [matcher(o["pred_logits"], o["pred_boxes"], y["labels"], y["boxes"],
-                            y["valid"]) for o in layers]
-
-        row[f"match_{solver}_s"] = _median_seconds(lambda: [t.numpy() for t in match_all()],
-                                                   repeats)
-    return row
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--only", default=",".join(SETTINGS),
-                        help=f"comma-separated settings of {sorted(SETTINGS)}")
-    args = parser.parse_args(argv)
-    names = [n for n in args.only.split(",") if n]
-    unknown = sorted(set(names) - set(SETTINGS))
-    if unknown or args.repeats < 1:
-        parser.error(f"unknown settings {unknown} or --repeats < 1")
-    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, "
-          f"{os.cpu_count()} CPUs, GPUs: {len(tf.config.list_physical_devices('GPU'))}")
-    print(f"{'setting':<18}{'step':>10}{'matcher (scipy)':>17}{'share':>8}"
-          f"{'matcher (ops)':>15}{'ops / scipy':>13}{'XLA+ops step':>14}{'XLA / default':>15}")
-    for name in names:
-        r = measure(name, args.repeats)
-        print(f"{r['setting']:<18}{r['step_s'] * 1e3:>8.0f}ms{r['match_scipy_s'] * 1e3:>15.1f}ms"
-              f"{r['match_scipy_s'] / r['step_s']:>8.1%}{r['match_ops_s'] * 1e3:>13.1f}ms"
-              f"{r['match_ops_s'] / r['match_scipy_s']:>13.2f}{r['xla_step_s'] * 1e3:>12.0f}ms"
-              f"{r['xla_step_s'] / r['step_s']:>15.2f}", flush=True)
-        if name == "tiny-detr16":
-            print(f"{'':<18}ratio = ours / facebookresearch/detr reference "
-                  f"({PEER_TINY_B16_S} s/step): {r['step_s'] / PEER_TINY_B16_S:.2f}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        for setting in size["steps"]:
+            ask(default, "steps", setting)
+        for setting in size["detr_train"]:
+            ask(children.get("onednn", default), "detr_train", setting)
+        if "onednn" in children:
+            children["onednn"].close()
+        ask(default, "detr_infer", size["detr_infer"])
+        for family in ("rtdetr", "dfine"):
+            for command in ("rtdetr_infer", "rtdetr_train"):
+                for setting in size[command]:
+                    if setting["family"] == family:
+                        ask(default, command, setting)
+        default.close()
+    finally:
+        for worker in children.values():
+            worker.kill()
+    return rows
