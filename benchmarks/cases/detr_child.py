@@ -1,11 +1,11 @@
-"""The ``detr`` case's child process: ``python -m cases.detr_child [--onednn] [--torch-threads
-N]`` serves the case's commands (`workers.serve`), each answering ``{"rows": [Row as JSON,
-...]}``.
+"""The ``detr`` case's child process, ``python -m cases.detr_child [--onednn]
+[--torch-threads N]``: serves the case's commands (`workers.serve`), each answering
+``{"rows": [Row as JSON, ...]}``.
 
 torch and transformers' modeling code are imported first, then TensorFlow (the other order
-crashes the process); torch runs on N threads (2 unless given), with denormal numbers flushed
-to zero as TensorFlow's CPU kernels compute them (``torch.set_flush_denormal(True)``: without
-it transformers' D-FINE at its own initialization trained about 10x slower, on denormals).
+crashes the process); torch runs on N threads (2 unless given: on a 2-core machine that
+another job keeps busy, torch's 2 threads wait on each other for whole time slices, up to 100x
+slower for a small model, so the tiny size asks for 1).
 ``--onednn``: TensorFlow's oneDNN kernels on (`tfx_transformer.quiet.onednn_default`), as
 ``train_detr.py`` runs; otherwise as TensorFlow decides (on by itself only on CPUs with
 AVX-512), as ``detect.py`` and the server run. The first answer (``ready``) names these
@@ -33,7 +33,6 @@ def main(argv: list[str]) -> None:
         onednn_default()
     threads = argv[argv.index("--torch-threads") + 1] if "--torch-threads" in argv else 2
     torch.set_num_threads(int(threads))
-    flush = torch.set_flush_denormal(True)  # False where the CPU cannot (not x86 with SSE3)
     import tensorflow as tf
 
     from cases import detr_steps
@@ -43,7 +42,6 @@ def main(argv: list[str]) -> None:
                 "rtdetr_train": detr_rtdetr.train, "rtdetr_infer": detr_rtdetr.infer}
     workers.serve(handlers, ready={"tensorflow": tf.__version__, "torch": torch.__version__,
                                    "torch_threads": torch.get_num_threads(),
-                                   "torch_flush_denormal": flush,
                                    "onednn": os.environ.get("TF_ENABLE_ONEDNN_OPTS")})
 
 

@@ -5,8 +5,9 @@ Both models are built with random weights at the same size; torch runs on 2 thre
 (``torch.set_num_threads(2)``), TensorFlow on the machine's cores; the two are timed in
 alternating rounds after a warm-up. transformers' backbone is its own ResNet
 (``use_timm_backbone=False``: timm needs torchvision, not installed beside a CPU torch):
-ResNet-50 v1.5 as torchvision's, or, for the ``tiny`` backbone of the tiny size, a 4-stage
-ResNet of one basic block each (ours: the 4-conv ``tiny`` backbone).
+ResNet-50 v1.5 as torchvision's, its stem and first stage frozen as DETR's and ours (the
+trained weights are the same on both sides), or, for the ``tiny`` backbone of the tiny size, a
+4-stage ResNet of one basic block each (ours: the 4-conv ``tiny`` backbone).
 
 - `train`: one train step: forward, the Hungarian-matched set loss with auxiliary losses,
   backward, clipping to a global norm of 0.1, AdamW (1e-4, backbone 1e-5, weight decay 1e-4).
