@@ -22,7 +22,7 @@ def test_the_case_runs_at_its_tiny_size(name, tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "harness.py"), "--cases", name, "--size",
          "tiny", "--out", str(tmp_path / "out"), "--workdir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "out" / f"{name}.json").read_text())
     case = harness.load_case(name)
