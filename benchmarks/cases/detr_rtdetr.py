@@ -31,6 +31,7 @@ sides (ours is converted from it).
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 
@@ -59,6 +60,19 @@ RTDETR_SIZES = {
     "r50": dict(backbone=dict(out_indices=[2, 3, 4]), model={}),
 }
 
+
+
+REFERENCE = os.path.join(harness.ROOT, "tests", "vision", "pretrained")
+
+
+def reference_rtdetr():
+    """The parity tests' RT-DETR reference module (its `randomize`: random norms, statistics
+    included, and weights scaled by fan-in)."""
+    if REFERENCE not in sys.path:
+        sys.path.insert(0, REFERENCE)
+    import reference_rtdetr
+
+    return reference_rtdetr
 
 def peer_config(family: str, size: str, classes: int, overrides: dict):
     """transformers' config of a size (``tiny``: the family's tiny preset's)."""
@@ -97,23 +111,8 @@ def peer_model(payload: dict, folder: str, classes: int, randomize: bool = True)
     config = peer_config(family, payload["size"], classes, payload.get("config", {}))
     model = (DFineForObjectDetection if family == "dfine" else RTDetrForObjectDetection)(
         config).eval()
-    with torch.no_grad():
-        for path, module in model.named_modules() if randomize else ():
-            gain = 2.0 if ".backbone." in f".{path}" else 1.0
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.normal_(0.0, 0.1)
-                module.running_mean.normal_(0.0, 0.1)
-                module.running_var.uniform_(0.5, 1.5)
-            elif isinstance(module, torch.nn.LayerNorm):
-                module.weight.uniform_(0.5, 1.5)
-                module.bias.normal_(0.0, 0.1)
-            elif isinstance(module, torch.nn.Conv2d):
-                module.weight.normal_(0.0, (gain / module.weight[0].numel()) ** 0.5)
-            elif isinstance(module, torch.nn.Linear):
-                module.weight.normal_(0.0, module.in_features ** -0.5)
-                if module.bias is not None:
-                    module.bias.normal_(0.0, 0.1)
+    if randomize:
+        reference_rtdetr().randomize(model)
     model.save_pretrained(folder)
     processor = RTDetrImageProcessorPil(size={"height": payload["side"],
                                               "width": payload["side"]})
