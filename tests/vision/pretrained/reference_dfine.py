@@ -18,6 +18,15 @@
   photos' size: ``photo_scores``/``_labels``/``_boxes``), and ``margin``: the smallest gap
   between selected and left-out scores of both top-k selections (the seed is the first whose
   margin exceeds 5e-4, so the selections do not hang on rounding).
+- FOLDER/expected.npz, under ``small_train_``: ``small`` in training mode without denoising
+  queries (`training_outputs`) on 4 targets (``labels``/``boxes``/``valid``, padded to 3 per
+  image), its ``margin`` (as ``margin``, of the training mode's cell selection), ``loss`` and
+  weighted ``loss_dict`` terms, and ``tied_heads``: whether transformers ties every decoder
+  layer's class and box heads to layer 0's (one parameter, its gradient the sum over layers);
+  FOLDER/small_grads/: that loss's gradient of every weight as a folder to convert (the
+  model's config.json and a model.safetensors under the weights' names, each tied copy holding
+  the tied parameter's gradient; buffers and frozen weights hold their values, which the
+  conversion checks).
 
 Every BatchNorm's scale, shift and statistics, every LayerNorm and every affine block is
 randomized, and every convolution and linear layer is drawn again at the scale of its fan-in
@@ -111,6 +120,59 @@ def variant_outputs(folder: str, name: str, pixels: torch.Tensor, out: dict) -> 
     out[f"{name}_photos"] = photos
     for key in ("scores", "labels", "boxes"):
         out[f"{name}_photo_{key}"] = np.stack([d[key].numpy() for d in detections])
+    return model
+
+
+def training_outputs(model, folder: str, pixels: torch.Tensor, out: dict) -> None:
+    """See the module docstring; changes the model (training mode updates the encoder's
+    BatchNorm statistics), so it runs after its other outputs."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(11)
+    counts, labels = (3, 1), []
+    for count in counts:
+        centres = 0.25 + 0.5 * torch.rand(count, 2, generator=generator)
+        sizes = 0.1 + 0.3 * torch.rand(count, 2, generator=generator)
+        labels.append({"class_labels": torch.randint(0, len(LABELS), (count,),
+                                                     generator=generator),
+                       "boxes": torch.cat([centres, sizes], dim=1)})
+    pad = (len(counts), max(counts))
+    targets = {"labels": np.zeros(pad, "int32"), "boxes": np.zeros((*pad, 4), "float32"),
+               "valid": np.zeros(pad, bool)}
+    for i, target in enumerate(labels):
+        targets["labels"][i, :counts[i]] = target["class_labels"].numpy()
+        targets["boxes"][i, :counts[i]] = target["boxes"].numpy()
+        targets["valid"][i, :counts[i]] = True
+    out.update({f"small_train_{key}": value for key, value in targets.items()})
+    decoder = model.model.decoder
+    out["small_train_tied_heads"] = np.bool_(
+        decoder.class_embed[1].weight is decoder.class_embed[0].weight and
+        decoder.bbox_embed[1].layers[0].weight is decoder.bbox_embed[0].layers[0].weight)
+
+    model.config.num_denoising = 0  # the denoising queries are drawn at random
+    model.train()
+    model.zero_grad()
+    result = model(pixel_values=pixels, labels=labels)
+    result.loss.backward()
+    out["small_train_margin"] = np.float32(margin(  # the cells' selection
+        result.enc_outputs_class.detach().max(-1).values.numpy(), model.config.num_queries))
+    out["small_train_loss"] = result.loss.detach().numpy()
+    for name, value in result.loss_dict.items():
+        out[f"small_train_{name}"] = value.detach().numpy()
+    # Every parameter under its in-memory names (the conversion reads those too); the
+    # top-level heads (class_embed.i, bbox_embed.i) are tied to model.decoder's of the same
+    # layer, the ones the conversion reads, and are left out.
+    grads = {name: (p.detach() if not p.requires_grad else torch.zeros_like(p)
+                    if p.grad is None else p.grad).clone()
+             for name, p in model.named_parameters(remove_duplicate=False)}
+    for name, array in model.state_dict().items():
+        grads.setdefault(name, array.detach().clone())
+    grads = {name: grad.contiguous() for name, grad in grads.items() if name.startswith("model.")}
+    os.makedirs(f"{folder}/small_grads", exist_ok=True)
+    shutil.copy(f"{folder}/small/config.json", f"{folder}/small_grads/config.json")
+    save_file(grads, f"{folder}/small_grads/model.safetensors")
 
 
 def loss_outputs(out: dict) -> None:
@@ -157,9 +219,9 @@ def main(folder: str) -> None:
     batch, height, width = IMAGES
     pixels = torch.randn(batch, 3, height, width)
     out = {"images": nhwc(pixels)}
-    for name in VARIANTS:
-        variant_outputs(folder, name, pixels, out)
+    models = {name: variant_outputs(folder, name, pixels, out) for name in VARIANTS}
     loss_outputs(out)
+    training_outputs(models["small"], folder, pixels, out)
     np.savez(f"{folder}/expected.npz", **out)
 
 

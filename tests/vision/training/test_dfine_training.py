@@ -1,9 +1,12 @@
 """D-FINE's training: FGL and DDF (`vision.matching.fdr_losses`) against transformers'
 ``DFineLoss.loss_local`` on reference_dfine.py's random distributions and matching, the
-criterion's wiring on the converted tiny model, the presets' architectures against the
-published configs, and ``--init-from`` a D-FINE folder. Needs the ``[reference]`` extra."""
+criterion's wiring on the converted tiny model, its training-mode loss terms and gradients
+against transformers' ``DFineForObjectDetection(labels=...)``, the presets' architectures
+against the published configs, and ``--init-from`` a D-FINE folder. Needs the
+``[reference]`` extra."""
 
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -90,6 +93,99 @@ def test_every_layer_is_scored_on_its_own_distributions_and_boxes(reference):
                    if name != "loss")
     np.testing.assert_allclose(float(losses["loss"]), weighted, rtol=1e-5)
     assert criterion._weight("loss_ddf_dn_1") == 1.5 and criterion._weight("loss_fgl") == 0.15
+
+
+WEIGHTS = {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, "loss_fgl": 0.15,
+           "loss_ddf": 1.5}  # DFineConfig's defaults
+
+
+def _transformers_pairing(outputs: dict) -> dict:
+    """Our outputs paired as transformers 5.25's ``DFineForObjectDetectionLoss`` pairs its
+    own: auxiliary entry ``i`` is layer ``i``'s distributions with layer ``i - 1``'s logits
+    and boxes (layer -1: the unrefined ``pre_outputs``); the last layer gets no FGL (see
+    experiments/README.md, "The loss's layer pairing"). Ours score each layer on its own."""
+    teacher = {"ref_points": outputs["ref_points"],
+               "teacher_corners": outputs["pred_corners"], "teacher_logits":
+               outputs["pred_logits"]}  # no gradient: the criterion stops it
+    earlier = [outputs["pre_outputs"], *outputs["aux_outputs"][:-1]]
+    aux = [{"pred_logits": scored["pred_logits"], "pred_boxes": scored["pred_boxes"],
+            "pred_corners": layer["pred_corners"], **teacher}
+           for scored, layer in zip(earlier, outputs["aux_outputs"])]
+    return {"pred_logits": outputs["pred_logits"], "pred_boxes": outputs["pred_boxes"],
+            "aux_outputs": aux, "enc_outputs": outputs["enc_outputs"]}
+
+
+def test_training_mode_loss_and_every_gradient_are_transformers(reference):
+    """``small`` in training mode without denoising queries against transformers'
+    ``DFineForObjectDetection(labels=...)``. Our criterion gives its terms of the last layer,
+    the pre-refinement boxes, layer 0 and the cells as they are; transformers' FGL and DDF
+    (and so its total and gradients) pair each layer's distributions with the previous
+    layer's boxes, which `_transformers_pairing` reproduces from our outputs."""
+    import tensorflow as tf
+
+    from vision.modeling.dfine import dfine_criterion
+
+    folder, expected = reference
+    assert expected["small_train_margin"] > 5e-4  # the selections keep clear of ties
+    model = rtdetr_convert.load_rtdetr(folder / "small")
+    criterion = dfine_criterion(5, model.decoder)
+    targets = {key: expected[f"small_train_{key}"] for key in ("labels", "boxes", "valid")}
+    with tf.GradientTape() as tape:
+        outputs = model(expected["images"], training=True)
+        ours = criterion(outputs, targets)
+        paired = criterion(_transformers_pairing(outputs), targets)
+    layers = model.decoder.num_layers  # 3: transformers' _aux_0 .. _aux_2
+    theirs = {key[len("small_train_"):]: float(value) for key, value in expected.items()
+              if key.startswith("small_train_loss_")}
+    assert len(theirs) == 3 + 5 * (layers - 1) + 3  # last, the paired layers, the cells
+
+    def check(losses, name, ours_name, err):
+        base = re.sub(r"_aux_\d+$", "", name)
+        np.testing.assert_allclose(WEIGHTS[base] * float(losses[ours_name]), theirs[name],
+                                   rtol=2e-5, atol=2e-6, err_msg=f"{err} {name} ({ours_name})")
+
+    # As our criterion scores them: _aux_0 is the unrefined boxes, _aux_i layer i - 1's,
+    # the last the cells; none of transformers' terms is our last layer's FGL or layer
+    # L - 2's logits and boxes (loss_*_1 here), and its FGL and DDF are paired otherwise.
+    direct = 0
+    for name in theirs:
+        base, _, aux = name.partition("_aux_")
+        if base in ("loss_fgl", "loss_ddf"):
+            continue
+        suffix = "" if not aux else "_pre" if aux == "0" else "_enc" if int(aux) == \
+            layers - 1 else f"_{int(aux) - 1}"
+        check(ours, name, base + suffix, "ours")
+        direct += 1
+    assert direct == 3 * (layers + 1)
+    # Paired as transformers pairs them: every term, the total and the gradients.
+    for name in theirs:
+        base, _, aux = name.partition("_aux_")
+        check(paired, name, base if not aux else f"{base}_enc" if int(aux) == layers - 1
+              else f"{base}_{aux}", "paired")
+    assert len(paired) == len(theirs) + 1
+    np.testing.assert_allclose(float(paired["loss"]), expected["small_train_loss"], rtol=2e-5)
+    grads = tape.gradient(paired["loss"], model.trainable_variables)
+    # transformers 5.25 ties each top-level head to the decoder's of the same layer (one
+    # parameter, saved once as model.decoder.*); its regexes that would tie every layer's
+    # heads to layer 0's are overridden, so each layer's head is its own, as ours.
+    assert not expected["small_train_tied_heads"]
+    theirs_grads = rtdetr_convert.read_rtdetr(folder / "small_grads").arrays
+    largest = max(float(np.abs(theirs_grads[v.path.split("/", 1)[1]]).max())
+                  for v in model.trainable_variables)
+    # Layer L - 2's logits are in none of transformers' terms (its auxiliary entry L - 2
+    # scores layer L - 3's): its class head and LQE get no gradient there (ours do).
+    unused = re.compile(rf"decoder/(class_head_{layers - 2}|lqe_{layers - 2})/.*")
+    for variable, grad in zip(model.trainable_variables, grads):
+        key = variable.path.split("/", 1)[1]
+        if key == "denoising/label_embed":  # no denoising queries here
+            continue
+        want = theirs_grads[key]
+        got = np.zeros(variable.shape) if grad is None else np.asarray(grad)
+        # float32 rounding through the whole network, as RT-DETR's test bounds it.
+        bound = 1e-3 * float(np.abs(want).max()) + 1e-6 * largest
+        assert float(np.abs(got - want).max()) <= bound, key
+        # every other weight takes part
+        assert (float(np.abs(want).max()) > 0) != bool(unused.fullmatch(key)), key
 
 
 # The published D-FINE configs' architecture fields, as transformers' conversion script
