@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
@@ -173,6 +174,24 @@ def compare(measure: str, times: dict[str, list[float]], ours: str = "ours",
 
 
 # -------------------------------------------------------------------------------------- cases
+
+def test_module(path: str):
+    """A module of the test suite's reference builders, ``path`` relative to the checkout
+    (``tests/vision/pretrained/reference_rtdetr.py``), loaded from its file once: the cases
+    compare on the parity tests' own models and files instead of copies of them."""
+    file = ROOT / path
+    name = file.stem
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
+
 
 def load_case(name: str):
     if name not in CASES:

@@ -31,7 +31,6 @@ sides (ours is converted from it).
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 
@@ -62,17 +61,10 @@ RTDETR_SIZES = {
 
 
 
-REFERENCE = os.path.join(harness.ROOT, "tests", "vision", "pretrained")
-
-
 def reference_rtdetr():
     """The parity tests' RT-DETR reference module (its `randomize`: random norms, statistics
     included, and weights scaled by fan-in)."""
-    if REFERENCE not in sys.path:
-        sys.path.insert(0, REFERENCE)
-    import reference_rtdetr
-
-    return reference_rtdetr
+    return harness.test_module("tests/vision/pretrained/reference_rtdetr.py")
 
 def peer_config(family: str, size: str, classes: int, overrides: dict):
     """transformers' config of a size (``tiny``: the family's tiny preset's)."""

@@ -26,23 +26,19 @@ from __future__ import annotations
 import io
 import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REFERENCE = os.path.join(ROOT, "tests", "nlp", "pretrained")
 FILLER_BIAS = -30.0
 
 
 def reference():
     """``(reference_marian, opus_vocab)``: the parity tests' config, random weights and file
     writers, and OPUS-MT's vocab.json layout."""
-    if REFERENCE not in sys.path:
-        sys.path.insert(0, REFERENCE)
-    import reference_marian
-    from reference_marian_text import opus_vocab
+    import harness
 
-    return reference_marian, opus_vocab
+    folder = "tests/nlp/pretrained"
+    return (harness.test_module(f"{folder}/reference_marian.py"),
+            harness.test_module(f"{folder}/reference_marian_text.py").opus_vocab)
 
 
 def count_generated(row, eos: int) -> int:
