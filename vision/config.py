@@ -48,7 +48,7 @@ _POSITIVE_INTS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_
 _NON_NEGATIVE = ("eos_coef", "cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox",
                  "loss_giou", "backbone_lr_multiplier", "weight_decay")
 _BOOLS = ("norm_first", "box_refinement", "look_forward_twice", "aux_loss",
-          "iou_aware_classification")
+          "iou_aware_classification", "deim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +128,8 @@ class DetrConfig:
     # A matched query's class target is its IoU with its object (the rest on no-object):
     # the softmax form of varifocal loss's IoU-aware target (RT-DETR).
     iou_aware_classification: bool = False
+    # RT-DETR / D-FINE: DEIM's losses (`vision.modeling.rtdetr.criterion_terms`).
+    deim: bool = False
     # "scipy": exact host solver; the train step must run with jit_compile=False.
     # "ops": pure keras.ops solver, same minimum cost, lets the whole step compile with XLA.
     matcher_solver: str = "scipy"
@@ -214,6 +216,8 @@ def _check_values(config: DetrConfig) -> None:
     if config.architecture == "rtdetr" and config.denoising_groups:
         _fail("denoising_groups", config.denoising_groups, "0 with architecture 'rtdetr' "
               "(RT-DETR's denoising queries are its rtdetr field 'num_denoising')")
+    if config.deim and config.architecture != "rtdetr":
+        _fail("deim", config.deim, "False unless architecture is 'rtdetr' (rtdetr-*, dfine-*)")
     if config.backbone not in BACKBONES:
         _fail("backbone", config.backbone, f"one of {BACKBONES}")
     if config.tiny_norm not in TINY_NORMS:
@@ -295,16 +299,8 @@ PRESETS: dict[str, DetrConfig] = {
     # refinement, cross-attention within 0.3 of each reference box, no dropout, the
     # backbone (trained from scratch) at the full learning rate, and flip-only augmentation
     # (both tiny presets normalize the backbone with BatchNorm, `tiny_norm`).
-    "tiny": DetrConfig(
-        name="tiny",
-        **{
-            **_TINY,
-            **_AIDS,
-            "dropout": 0.0,
-            "backbone_lr_multiplier": 1.0,
-            "augmentation": "flip",
-        },
-    ),
+    "tiny": DetrConfig(name="tiny", **{**_TINY, **_AIDS, "dropout": 0.0,
+                                       "backbone_lr_multiplier": 1.0, "augmentation": "flip"}),
     **{f"rtdetr-{size}": DetrConfig(name=f"rtdetr-{size}", rtdetr=RTDETR_ARCHITECTURES[size],
                                     **_RTDETR_TRAINING) for size in ("r101", "r50", "r34", "r18")},
     # RT-DETR and D-FINE at `tiny`'s size and training settings (128 px, 20 queries, batch
@@ -342,7 +338,5 @@ def preset(name: str, **overrides) -> DetrConfig:
     fields = {field.name for field in dataclasses.fields(DetrConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise ValueError(
-            f"Unknown DetrConfig fields: {unknown}. Known fields: {sorted(fields)}."
-        )
+        raise ValueError(f"Unknown DetrConfig fields: {unknown}. Known fields: {sorted(fields)}.")
     return dataclasses.replace(PRESETS[name], **overrides)

@@ -39,6 +39,9 @@ CONFIG_FLAGS = {
     "clip_norm": ("--clip-norm", dict(
         type=positive(float), metavar="NORM",
         help="clip the gradients to this global norm (default: the preset's, DETR's 0.1)")),
+    "deim": ("--deim", dict(
+        action="store_true", help="rtdetr-*/dfine-* presets: DEIM's training losses (the "
+                                  "matchability-aware loss, dense one-to-one box losses)")),
     "backbone_weights": ("--backbone-weights", dict(
         metavar="FILE", help="r50: local ImageNet weights of torchvision's ResNet-50 (.pth, or "
                              ".safetensors with the same names)")),

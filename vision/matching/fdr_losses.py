@@ -151,9 +151,10 @@ class DFineCriterion(SetCriterion):
 
     def __init__(self, num_classes: int, matcher, max_num_bins: int = 32,
                  reg_scale: float = 4.0, up: float = 0.5, **kwargs):
-        kwargs.setdefault("weight_dict", {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0,
-                                          "loss_fgl": 0.15, "loss_ddf": 1.5})
         kwargs.setdefault("classification", "varifocal")
+        kwargs.setdefault("weight_dict", {
+            "loss_mal" if kwargs["classification"] == "matchability" else "loss_vfl": 1.0,
+            "loss_bbox": 5.0, "loss_giou": 2.0, "loss_fgl": 0.15, "loss_ddf": 1.5})
         super().__init__(num_classes, matcher, **kwargs)
         self.max_num_bins, self.reg_scale, self.up = int(max_num_bins), float(reg_scale), \
             float(up)

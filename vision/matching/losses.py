@@ -17,6 +17,10 @@ matched box's IoU with its object (no gradient) on the object's class and 0 else
 weighted by ``alpha * sigmoid(logit)^gamma`` (no gradient) where the target is 0 and by the
 target score where it is not, summed over queries and classes / num_boxes.
 
+With ``classification="matchability"`` (DEIM) it is the matchability-aware loss ``loss_mal``
+(`vision.matching.terms`). With ``dense_one_to_one`` every output's box terms use the union of
+the outputs' matchings (`vision.matching.dense`); the classification keeps each one's own.
+
 ``num_boxes = max(valid targets in the batch, 1)``. Under a distribution strategy, pass the
 average over replicas instead (`num_boxes` argument; `count_boxes` gives the local count to
 all-reduce), as DETR does.
@@ -35,12 +39,19 @@ import keras
 from keras import ops
 
 from tfx_transformer import checks
+from vision.matching.dense import with_union
 from vision.matching.matcher import HungarianMatcher
-from vision.matching.terms import box_losses, cross_entropy_loss, varifocal_loss
+from vision.matching.terms import (
+    box_losses,
+    cross_entropy_loss,
+    matchability_aware_loss,
+    varifocal_loss,
+)
 
 __all__ = ["CLASSIFICATIONS", "SetCriterion"]
 
-CLASSIFICATIONS = ("softmax", "varifocal")
+CLASSIFICATIONS = ("softmax", "varifocal", "matchability")
+_CLASS_LOSSES = {"softmax": "loss_ce", "varifocal": "loss_vfl", "matchability": "loss_mal"}
 
 
 @keras.saving.register_keras_serializable(package="vision")
@@ -74,11 +85,17 @@ class SetCriterion:
             the class score ranks the detections by how well they are placed. False: DETR's
             one-hot target.
         classification: ``"softmax"`` (DETR's cross-entropy over ``C + 1`` logits,
-            ``loss_ce``) or ``"varifocal"`` (sigmoid scores over ``C`` logits, ``loss_vfl``;
-            see the module docstring). Default weights with ``"varifocal"``:
-            ``{"loss_vfl": 1, "loss_bbox": 5, "loss_giou": 2}``.
+            ``loss_ce``), ``"varifocal"`` (sigmoid scores over ``C`` logits, ``loss_vfl``)
+            or ``"matchability"`` (the same logits, ``loss_mal``); see the module docstring.
+            Default weights with ``"varifocal"``: ``{"loss_vfl": 1, "loss_bbox": 5,
+            "loss_giou": 2}`` (``loss_mal`` likewise).
         focal_alpha, focal_gamma: the varifocal weight's ``alpha`` and ``gamma``
-            (RT-DETR's ``focal_loss_alpha`` 0.75, ``focal_loss_gamma`` 2).
+            (RT-DETR's ``focal_loss_alpha`` 0.75, ``focal_loss_gamma`` 2); with
+            ``"matchability"``, ``gamma`` is its exponent (DEIM's configs: 1.5).
+        mal_alpha: with ``"matchability"``, a factor on the unmatched logits' weight (None:
+            1, DEIM's).
+        dense_one_to_one: score the box losses of every output on the union of their
+            matchings (see the module docstring). Needs ``proposal_matches`` 1.
 
     Call arguments:
         outputs: Dict with ``pred_logits`` `(B, Q, C + 1)` (varifocal: `(B, Q, C)`),
@@ -114,6 +131,8 @@ class SetCriterion:
         classification: str = "softmax",
         focal_alpha: float = 0.75,
         focal_gamma: float = 2.0,
+        mal_alpha: float | None = None,
+        dense_one_to_one: bool = False,
     ) -> None:
         checks.positive_int("num_classes", num_classes)
         checks.non_negative_number("eos_coef", eos_coef)
@@ -122,16 +141,18 @@ class SetCriterion:
         if classification not in CLASSIFICATIONS:
             raise ValueError(f"`classification` must be one of {CLASSIFICATIONS}. "
                              f"Received: classification={classification!r}")
-        if classification == "varifocal" and iou_aware:
+        if classification != "softmax" and iou_aware:
             raise ValueError("`iou_aware` is the softmax form of the varifocal target; with "
-                             "classification='varifocal' leave it False. Received: True")
+                             f"classification={classification!r} leave it False. "
+                             "Received: True")
         self.num_classes = num_classes
         self.matcher = matcher
         self.eos_coef = float(eos_coef)
         self.classification = classification
         self.focal_alpha = float(focal_alpha)
         self.focal_gamma = float(focal_gamma)
-        self._class_loss = "loss_vfl" if classification == "varifocal" else "loss_ce"
+        self.mal_alpha = checks.non_negative_number("mal_alpha", mal_alpha, optional=True)
+        self._class_loss = _CLASS_LOSSES[classification]
         if weight_dict is None:
             weight_dict = {self._class_loss: 1.0, "loss_bbox": 5.0, "loss_giou": 2.0}
         self.weight_dict = dict(weight_dict)
@@ -139,6 +160,16 @@ class SetCriterion:
         self.proposal_matches = checks.positive_int("proposal_matches", proposal_matches)
         self.one_to_many_copies = checks.positive_int("one_to_many_copies", one_to_many_copies)
         self.iou_aware = checks.boolean("iou_aware", iou_aware)
+        self.dense_one_to_one = checks.boolean("dense_one_to_one", dense_one_to_one)
+        if self.dense_one_to_one and self.proposal_matches != 1:
+            raise ValueError("`dense_one_to_one` matches the cells as the queries, one target "
+                             "each; it needs proposal_matches=1. Received: "
+                             f"proposal_matches={proposal_matches}")
+
+    @property
+    def class_loss(self) -> str:
+        """The name of the classification term: ``loss_ce``, ``loss_vfl`` or ``loss_mal``."""
+        return self._class_loss
 
     @staticmethod
     def count_boxes(targets: dict) -> Any:
@@ -158,6 +189,9 @@ class SetCriterion:
         if num_boxes is None:
             num_boxes = self.count_boxes(targets)
         num_boxes = ops.maximum(ops.cast(num_boxes, "float32"), 1.0)
+        if self.dense_one_to_one:
+            outputs = with_union(outputs, lambda layer, where: self._match(
+                layer, labels, boxes, valid, where), self.aux_loss, valid, num_boxes)
 
         def matched(k, where):  # one layer's losses against k copies of every target
             copies = (labels, boxes, valid) if k == 1 else (
@@ -230,7 +264,23 @@ class SetCriterion:
     def _layer_losses(
         self, layer: dict, labels: Any, boxes: Any, valid: Any, num_boxes: Any, where: str
     ) -> dict:
-        """The three losses of one decoder layer's predictions."""
+        """One layer's losses (dense one-to-one: the box terms on ``layer["union"]``)."""
+        indices = layer.get("match")  # already matched (dense one-to-one)
+        if indices is None:
+            indices = self._match(layer, labels, boxes, valid, where)
+        pred_valid = layer.get("valid")  # (B, Q) bool or None: predictions that may match
+        pred_valid = None if pred_valid is None else ops.cast(pred_valid, "bool")
+        losses = self._losses_of_match(layer, labels, boxes, indices, pred_valid, num_boxes)
+        if "union" in layer:
+            union = self._losses_of_match(layer, labels, boxes, layer["union"], pred_valid,
+                                          layer["union_boxes"])
+            losses.update({name: value for name, value in union.items()
+                           if name != self._class_loss})
+        return losses
+
+    def _match(self, layer: dict, labels: Any, boxes: Any, valid: Any, where: str) -> Any:
+        """``(B, Q)`` each prediction's target (-1: none) by the matcher; predictions outside
+        ``layer["valid"]`` are never matched."""
         if "pred_logits" not in layer or "pred_boxes" not in layer:
             raise ValueError(
                 f"`{where}` must have keys 'pred_logits' and 'pred_boxes'. "
@@ -238,7 +288,7 @@ class SetCriterion:
             )
         logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C [+ 1])
         pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
-        sigmoid = self.classification == "varifocal"
+        sigmoid = self.classification != "softmax"
         width = self.num_classes if sigmoid else self.num_classes + 1
         if len(logits.shape) != 3 or logits.shape[-1] != width:
             raise ValueError(
@@ -246,14 +296,12 @@ class SetCriterion:
                 f"{'num_classes' if sigmoid else 'num_classes + 1'}) = (B, Q, {width}). "
                 f"Received: shape={tuple(logits.shape)}"
             )
-        pred_valid = layer.get("valid")  # (B, Q) bool or None: predictions that may match
+        pred_valid = layer.get("valid")
         if pred_valid is None:
-            indices = self.matcher(logits, pred_boxes, labels, boxes, valid)
-        else:
-            pred_valid = ops.cast(pred_valid, "bool")
-            indices = self.matcher(logits, pred_boxes, labels, boxes, valid, pred_valid=pred_valid)
-            indices = ops.where(pred_valid, indices, -1)
-        return self._losses_of_match(layer, labels, boxes, indices, pred_valid, num_boxes)
+            return self.matcher(logits, pred_boxes, labels, boxes, valid)
+        pred_valid = ops.cast(pred_valid, "bool")
+        indices = self.matcher(logits, pred_boxes, labels, boxes, valid, pred_valid=pred_valid)
+        return ops.where(pred_valid, indices, -1)
 
     def _losses_of_match(self, layer: dict, labels: Any, boxes: Any, indices: Any,
                          pred_valid: Any, num_boxes: Any) -> dict:
@@ -267,30 +315,23 @@ class SetCriterion:
         matched_labels = ops.take_along_axis(ops.cast(labels, "int32"), safe_indices, axis=1)
         gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
         target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
-        if self.classification == "varifocal":
-            classes = {"loss_vfl": varifocal_loss(
-                logits, pred_boxes, target_boxes, matched_labels, matched, pred_valid,
-                self.focal_alpha, self.focal_gamma) / num_boxes}
+        args = (logits, pred_boxes, target_boxes, matched_labels, matched, pred_valid)
+        if self.classification == "softmax":
+            value = cross_entropy_loss(*args, self.eos_coef, self.iou_aware)
+        elif self.classification == "varifocal":
+            value = varifocal_loss(*args, self.focal_alpha, self.focal_gamma) / num_boxes
         else:
-            classes = {"loss_ce": cross_entropy_loss(
-                logits, pred_boxes, target_boxes, matched_labels, matched, pred_valid,
-                self.eos_coef, self.iou_aware)}
+            value = matchability_aware_loss(*args, self.focal_gamma, self.mal_alpha) / num_boxes
+        classes = {self._class_loss: value}
         return {**classes, **box_losses(pred_boxes, target_boxes, matched, num_boxes)}
 
     def get_config(self) -> dict:
-        return {
-            "num_classes": self.num_classes,
-            "matcher": keras.saving.serialize_keras_object(self.matcher),
-            "eos_coef": self.eos_coef,
-            "weight_dict": dict(self.weight_dict),
-            "aux_loss": self.aux_loss,
-            "proposal_matches": self.proposal_matches,
-            "one_to_many_copies": self.one_to_many_copies,
-            "iou_aware": self.iou_aware,
-            "classification": self.classification,
-            "focal_alpha": self.focal_alpha,
-            "focal_gamma": self.focal_gamma,
-        }
+        config = {key: getattr(self, key) for key in (
+            "num_classes", "eos_coef", "aux_loss", "proposal_matches", "one_to_many_copies",
+            "iou_aware", "classification", "focal_alpha", "focal_gamma", "mal_alpha",
+            "dense_one_to_one")}
+        return {**config, "matcher": keras.saving.serialize_keras_object(self.matcher),
+                "weight_dict": dict(self.weight_dict)}
 
     @classmethod
     def from_config(cls, config: dict) -> SetCriterion:
@@ -306,3 +347,4 @@ def _tagged(losses: dict, tag: str) -> dict:
         term, _, layer = name.partition("_")[2].partition("_")
         renamed["_".join(["loss", term, tag] + ([layer] if layer else []))] = value
     return renamed
+

@@ -14,7 +14,7 @@ from keras import ops
 
 from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou, generalized_box_iou
 
-__all__ = ["box_losses", "cross_entropy_loss", "varifocal_loss"]
+__all__ = ["box_losses", "cross_entropy_loss", "matchability_aware_loss", "varifocal_loss"]
 
 
 def _own_iou(pred_boxes: Any, target_boxes: Any) -> Any:
@@ -58,6 +58,28 @@ def varifocal_loss(logits: Any, pred_boxes: Any, target_boxes: Any, matched_labe
     prob = ops.stop_gradient(ops.sigmoid(logits))
     weight = alpha * prob**gamma * (1.0 - one_hot) + score
     # Binary cross-entropy with logits, in its stable form.
+    bce = ops.relu(logits) - logits * score + ops.log1p(ops.exp(-ops.abs(logits)))
+    loss = weight * bce
+    if pred_valid is not None:  # invalid predictions take no part in the loss
+        loss = ops.where(ops.cast(pred_valid, "bool")[..., None], loss, 0.0)
+    return ops.sum(loss)
+
+
+def matchability_aware_loss(logits: Any, pred_boxes: Any, target_boxes: Any,
+                            matched_labels: Any, matched: Any, pred_valid: Any, gamma: float,
+                            alpha: float | None = None) -> Any:
+    """DEIM's matchability-aware loss over ``C`` sigmoid logits, summed (divide by
+    num_boxes): binary cross-entropy of every (prediction, class) logit against the target
+    ``IoU^gamma`` (the matched box's IoU, no gradient, on its class; 0 elsewhere), weighted
+    by 1 on the matched class and by ``sigmoid(logit)^gamma`` (no gradient; times ``alpha``
+    if given) elsewhere. Unlike the varifocal loss, a poorly placed match is not weighted
+    down: its low target still pulls its score up from nothing."""
+    one_hot = ops.one_hot(matched_labels, logits.shape[-1]) * ops.cast(
+        matched, "float32")[..., None]  # (B, Q, C), zero where unmatched
+    iou = ops.stop_gradient(ops.clip(_own_iou(pred_boxes, target_boxes), 0.0, 1.0))
+    score = (iou[..., None] * one_hot) ** gamma
+    prob = ops.stop_gradient(ops.sigmoid(logits))
+    weight = (1.0 if alpha is None else alpha) * prob**gamma * (1.0 - one_hot) + one_hot
     bce = ops.relu(logits) - logits * score + ops.log1p(ops.exp(-ops.abs(logits)))
     loss = weight * bce
     if pred_valid is not None:  # invalid predictions take no part in the loss

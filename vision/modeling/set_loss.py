@@ -54,6 +54,9 @@ class SetLossModel(OptimizerBuiltFirst, keras.Model):
         if criterion is None:
             criterion = self.default_criterion()
         self.criterion = criterion
+        name = getattr(criterion, "class_loss", None)  # the tracker of its class term
+        if name and self.loss_trackers and self.loss_trackers[0].name != name:
+            self.loss_trackers[0] = keras.metrics.Mean(name=name)
         super().compile(optimizer=optimizer, jit_compile=jit_compile, **kwargs)
 
     def default_criterion(self) -> SetCriterion:

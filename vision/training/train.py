@@ -245,23 +245,26 @@ def build_rtdetr_model(config: DetrConfig, num_classes: int):
     """The built `RTDetr` of an ``architecture="rtdetr"`` config (its ``rtdetr`` fields with
     the config's ``num_queries`` and ``dropout``; a `DFine` for a D-FINE's) and its
     `rtdetr_criterion` (the config's matcher costs, solver, auxiliary losses and weights,
-    ``loss_ce`` weighting the varifocal loss; `dfine_criterion` with FGL and DDF for D-FINE)."""
+    ``loss_ce`` weighting the varifocal loss, or with ``deim`` DEIM's; `dfine_criterion` with
+    FGL and DDF for D-FINE)."""
     from vision.modeling.dfine import DFine, dfine_criterion
     from vision.pretrained.rtdetr import build_rtdetr
     from vision.pretrained.rtdetr_config import rtdetr_settings
 
     fields = {**config.rtdetr, "num_queries": config.num_queries, "dropout": config.dropout}
     model = build_rtdetr(rtdetr_settings(fields, f"preset {config.name}: rtdetr"), num_classes)
-    weights = {"loss_vfl": config.loss_ce, "loss_bbox": config.loss_bbox,
-               "loss_giou": config.loss_giou}
+    weights = {"loss_mal" if config.deim else "loss_vfl": config.loss_ce,
+               "loss_bbox": config.loss_bbox, "loss_giou": config.loss_giou}
     costs = (config.cost_class, config.cost_bbox, config.cost_giou)
     if isinstance(model, DFine):  # and D-FINE's localization losses, at its config's weights
         weights.update(loss_fgl=float(fields.get("weight_loss_fgl", 0.15)),
                        loss_ddf=float(fields.get("weight_loss_ddf", 1.5)))
         return model, dfine_criterion(num_classes, model.decoder, solver=config.matcher_solver,
-                                      aux_loss=config.aux_loss, weights=weights, costs=costs)
+                                      aux_loss=config.aux_loss, weights=weights, costs=costs,
+                                      deim=config.deim)
     criterion = rtdetr_criterion(num_classes, solver=config.matcher_solver,
-                                 aux_loss=config.aux_loss, weights=weights, costs=costs)
+                                 aux_loss=config.aux_loss, weights=weights, costs=costs,
+                                 deim=config.deim)
     return model, criterion
 
 

@@ -27,6 +27,11 @@
   model's config.json and a model.safetensors under the weights' names, each tied copy holding
   the tied parameter's gradient; buffers and frozen weights hold their values, which the
   conversion checks).
+- FOLDER/expected.npz, under ``small_deim_``: the same training-mode outputs scored by
+  transformers' DEIMv2 criterion (``Deimv2ForObjectDetectionLoss``: the matchability-aware
+  loss with DEIM's gamma 1.5, dense one-to-one box losses), its ``loss`` and weighted terms;
+  under ``union_``: the union of four matchings of 9 queries (``matches``, each query's target
+  or -1, first the last layer's) by ``Deimv2Loss._get_dense_o2o_indices`` (``indices``).
 
 Every BatchNorm's scale, shift and statistics, every LayerNorm and every affine block is
 randomized, and every convolution and linear layer is drawn again at the scale of its fan-in
@@ -154,6 +159,7 @@ def training_outputs(model, folder: str, pixels: torch.Tensor, out: dict) -> Non
     model.config.num_denoising = 0  # the denoising queries are drawn at random
     model.train()
     model.zero_grad()
+    model.loss_function = deim_alongside(model.loss_function, model.config, out)
     result = model(pixel_values=pixels, labels=labels)
     result.loss.backward()
     out["small_train_margin"] = np.float32(margin(  # the cells' selection
@@ -173,6 +179,66 @@ def training_outputs(model, folder: str, pixels: torch.Tensor, out: dict) -> Non
     os.makedirs(f"{folder}/small_grads", exist_ok=True)
     shutil.copy(f"{folder}/small/config.json", f"{folder}/small_grads/config.json")
     save_file(grads, f"{folder}/small_grads/model.safetensors")
+
+
+def deim_config(config):
+    """A DEIMv2Config with the loss fields of ``config`` (a DFineConfig: its classes, matcher,
+    weights and bins) and DEIM's: the matchability-aware loss (gamma 1.5, no alpha, weight 1)
+    and dense one-to-one matching."""
+    fields = {key: value for key, value in config.to_dict().items()
+              if key.startswith(("matcher_", "weight_loss_", "focal_loss_"))
+              or key in ("id2label", "max_num_bins", "reg_scale", "up", "auxiliary_loss")}
+    return transformers.Deimv2Config(**{**fields, "focal_loss_gamma": 1.5, "mal_alpha": None,
+                                        "weight_loss_mal": 1.0, "use_dense_one_to_one": True})
+
+
+def deim_alongside(loss_function, config, out: dict):
+    """``loss_function`` that also writes ``small_deim_*``: the DEIMv2 criterion's loss and
+    terms on the same outputs (no gradient)."""
+    from transformers.loss.loss_deimv2 import Deimv2ForObjectDetectionLoss
+
+    def both(*args, **kwargs):
+        with torch.no_grad():
+            fixed = [x.detach() if isinstance(x, torch.Tensor) else x for x in args]
+            named = {k: x.detach() if isinstance(x, torch.Tensor) else x
+                     for k, x in kwargs.items()}
+            loss, terms, _ = Deimv2ForObjectDetectionLoss(
+                *fixed[:4], deim_config(config), *fixed[5:], **named)
+            out["small_deim_loss"] = loss.numpy()
+            for name, value in terms.items():
+                out[f"small_deim_{name}"] = np.float32(value)
+        return loss_function(*args, **kwargs)
+
+    return both
+
+
+def union_outputs(out: dict) -> None:
+    """``union_matches``: four one-to-one matchings of 3 and 2 targets to 9 queries (the
+    last layer's first), each query's target or -1, mostly agreeing as a decoder's layers
+    do; ``union_indices``: their union by ``Deimv2Loss._get_dense_o2o_indices``."""
+    from transformers.loss.loss_deimv2 import Deimv2Loss
+
+    criterion = Deimv2Loss(transformers.Deimv2Config(num_labels=5))
+    generator = torch.Generator().manual_seed(5)
+    layers, queries, counts = 4, 9, (3, 2)
+    matches = np.full((layers, len(counts), queries), -1, "int32")
+    base = [torch.randperm(queries, generator=generator)[:n] for n in counts]
+    for layer in range(layers):
+        for image, n in enumerate(counts):
+            chosen = base[image].clone()
+            if layer and torch.rand(1, generator=generator) < 0.7:  # one target elsewhere
+                free = [q for q in range(queries) if q not in chosen.tolist()]
+                chosen[int(torch.randint(n, (1,), generator=generator))] = free[
+                    int(torch.randint(len(free), (1,), generator=generator))]
+            matches[layer, image, chosen.numpy()] = np.arange(n)
+    as_pairs = [[(torch.from_numpy(np.flatnonzero(m >= 0)),
+                  torch.from_numpy(m[m >= 0].astype("int64"))) for m in layer]
+                for layer in matches]
+    union = criterion._get_dense_o2o_indices(as_pairs[0], as_pairs[1:])
+    out["union_matches"] = matches
+    out["union_indices"] = np.full((len(counts), queries), -1, "int32")
+    for image, (rows, cols) in enumerate(union):
+        out["union_indices"][image, rows.numpy()] = cols.numpy()
 
 
 def loss_outputs(out: dict) -> None:
@@ -221,6 +287,7 @@ def main(folder: str) -> None:
     out = {"images": nhwc(pixels)}
     models = {name: variant_outputs(folder, name, pixels, out) for name in VARIANTS}
     loss_outputs(out)
+    union_outputs(out)
     training_outputs(models["small"], folder, pixels, out)
     np.savez(f"{folder}/expected.npz", **out)
 

@@ -5,6 +5,7 @@ against transformers' ``DFineForObjectDetection(labels=...)``, the presets' arch
 against the published configs, and ``--init-from`` a D-FINE folder. Needs the
 ``[reference]`` extra."""
 
+import dataclasses
 import importlib.util
 import re
 
@@ -188,6 +189,84 @@ def test_training_mode_loss_and_every_gradient_are_transformers(reference):
         assert (float(np.abs(want).max()) > 0) != bool(unused.fullmatch(key)), key
 
 
+DEIM_WEIGHTS = {**WEIGHTS, "loss_mal": 1.0}  # Deimv2Config's weight_loss_mal
+
+
+def test_deim_losses_are_transformers_deimv2_criterion(reference):
+    """``deim=True`` (the matchability-aware loss, gamma 1.5; dense one-to-one box, FGL and
+    DDF terms) on the training-mode outputs of ``small`` against transformers' DEIMv2
+    criterion on the same outputs, paired as transformers pairs them."""
+    from vision.modeling.dfine import dfine_criterion
+
+    folder, expected = reference
+    model = rtdetr_convert.load_rtdetr(folder / "small")
+    criterion = dfine_criterion(5, model.decoder, deim=True)
+    targets = {key: expected[f"small_train_{key}"] for key in ("labels", "boxes", "valid")}
+    outputs = model(expected["images"], training=True)
+    ours = criterion(_transformers_pairing(outputs), targets)
+    theirs = {key[len("small_deim_"):]: float(value) for key, value in expected.items()
+              if key.startswith("small_deim_loss_")}
+    layers = model.decoder.num_layers
+    assert "loss_mal" in theirs and "loss_vfl" not in theirs
+    for name, value in theirs.items():
+        base, _, aux = name.partition("_aux_")
+        mine = base if not aux else f"{base}_enc" if int(aux) == layers - 1 else \
+            f"{base}_{aux}"
+        np.testing.assert_allclose(DEIM_WEIGHTS[base] * float(ours[mine]), value, rtol=2e-5,
+                                   atol=2e-6, err_msg=f"{name} ({mine})")
+    assert len(ours) == len(theirs) + 1
+    np.testing.assert_allclose(float(ours["loss"]), expected["small_deim_loss"], rtol=2e-5)
+    # The dense matching moved the box terms: without it they are the one-to-one ones.
+    plain = dfine_criterion(5, model.decoder)(_transformers_pairing(outputs), targets)
+    moved = [name for name in plain if name.startswith("loss_bbox")
+             and abs(float(plain[name]) - float(ours[name])) > 1e-4]
+    assert len(moved) >= 2, moved
+
+
+def test_union_of_matches_is_transformers_dense_one_to_one(reference):
+    from vision.matching.dense import union_of_matches
+
+    _, expected = reference
+    union = union_of_matches(list(expected["union_matches"]), 3)
+    np.testing.assert_array_equal(np.asarray(union), expected["union_indices"])
+    # A query two layers disagree on once each: the lower target.
+    tie = union_of_matches([np.array([[1, -1]]), np.array([[0, -1]])], 2)
+    np.testing.assert_array_equal(np.asarray(tie), [[0, -1]])
+
+
+def test_matchability_aware_loss_is_its_formula():
+    """The loss written out in NumPy, with and without ``alpha``, one query invalid."""
+    from vision.matching.terms import matchability_aware_loss
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(2, 4, 3)).astype("float32") * 2
+    centres, sides = rng.uniform(0.3, 0.7, (2, 2, 4, 2))
+    pred = np.concatenate([centres, sides * 0.5], -1).astype("float32")
+    target = (pred + rng.normal(0, 0.05, pred.shape)).astype("float32")
+    labels = rng.integers(0, 3, (2, 4)).astype("int32")
+    matched = np.array([[True, False, True, False], [False, True, True, True]])
+    valid = np.array([[True, True, True, True], [True, True, False, True]])
+
+    def iou(a, b):
+        a0, a1 = a[..., :2] - a[..., 2:] / 2, a[..., :2] + a[..., 2:] / 2
+        b0, b1 = b[..., :2] - b[..., 2:] / 2, b[..., :2] + b[..., 2:] / 2
+        inter = np.prod(np.clip(np.minimum(a1, b1) - np.maximum(a0, b0), 0, None), -1)
+        return inter / (np.prod(a[..., 2:], -1) + np.prod(b[..., 2:], -1) - inter)
+
+    for alpha in (None, 0.75):
+        total = 0.0
+        for b, q, c in np.ndindex(*logits.shape):
+            if not valid[b, q]:
+                continue
+            p = 1 / (1 + np.exp(-logits[b, q, c]))
+            positive = matched[b, q] and labels[b, q] == c
+            t = iou(pred[b, q], target[b, q]) ** 1.5 if positive else 0.0
+            w = 1.0 if positive else (alpha or 1.0) * p ** 1.5
+            total += -w * (t * np.log(p) + (1 - t) * np.log(1 - p))
+        got = matchability_aware_loss(logits, pred, target, labels, matched, valid, 1.5, alpha)
+        np.testing.assert_allclose(float(got), total, rtol=1e-5)
+
+
 # The published D-FINE configs' architecture fields, as transformers' conversion script
 # (convert_d_fine_original_pytorch_checkpoint_to_hf.py) writes them for each size.
 PUBLISHED = {
@@ -240,6 +319,14 @@ def test_init_from_a_dfine_folder_loads_all_but_the_class_heads(reference):
                     num_queries=10)
     model, criterion = build_rtdetr_model(config, 2)
     assert type(criterion).__name__ == "DFineCriterion"
+    assert (criterion.classification, criterion.dense_one_to_one) == ("varifocal", False)
+    # --deim: DEIM's losses at the config's weights, and the model's tracker named for them.
+    _, deim = build_rtdetr_model(dataclasses.replace(config, deim=True, loss_ce=2.0), 2)
+    assert (deim.classification, deim.focal_gamma, deim.dense_one_to_one) == (
+        "matchability", 1.5, True)
+    assert deim.weight_dict["loss_mal"] == 2.0 and "loss_vfl" not in deim.weight_dict
+    model.compile(criterion=deim)
+    assert model.loss_trackers[0].name == "loss_mal"
     lines = []
     init_from(model, folder / "small", ["dog", "cat"], lines.append)
     # enc_score_head's and the 3 class heads' kernels and biases, the denoising labels.
