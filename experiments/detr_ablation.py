@@ -54,9 +54,11 @@ AIDS = {
     # 20 matching queries, as 100 for up to ~50 objects is next to RT-DETR's 300). Fields
     # of "rtdetr" are merged into the base preset's.
     "rtdetr_denoising": {"rtdetr": {"num_denoising": 8}},
-    # With --base rtdetr-* / dfine-*: DEIM's losses (the matchability-aware loss, dense
-    # one-to-one box, FGL and DDF terms; `train_detr.py --deim`).
-    "deim": {"deim": True},
+    # With --base rtdetr-* / dfine-*: DEIM's losses, each and both (`train_detr.py --deim`):
+    # the matchability-aware loss; dense one-to-one box (and FGL, DDF) terms.
+    "mal": {"matchability_aware_loss": True},
+    "dense_o2o": {"dense_one_to_one": True},
+    "deim": {"matchability_aware_loss": True, "dense_one_to_one": True},
 }
 
 

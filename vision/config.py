@@ -48,7 +48,7 @@ _POSITIVE_INTS = ("hidden_dim", "num_heads", "num_encoder_layers", "num_decoder_
 _NON_NEGATIVE = ("eos_coef", "cost_class", "cost_bbox", "cost_giou", "loss_ce", "loss_bbox",
                  "loss_giou", "backbone_lr_multiplier", "weight_decay")
 _BOOLS = ("norm_first", "box_refinement", "look_forward_twice", "aux_loss",
-          "iou_aware_classification", "deim")
+          "iou_aware_classification", "matchability_aware_loss", "dense_one_to_one")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +128,10 @@ class DetrConfig:
     # A matched query's class target is its IoU with its object (the rest on no-object):
     # the softmax form of varifocal loss's IoU-aware target (RT-DETR).
     iou_aware_classification: bool = False
-    # RT-DETR / D-FINE: DEIM's losses (`vision.modeling.rtdetr.criterion_terms`).
-    deim: bool = False
+    # RT-DETR / D-FINE: DEIM's two losses (`vision.modeling.rtdetr.criterion_terms`; both
+    # are train_detr.py's --deim): the matchability-aware loss, dense one-to-one box losses.
+    matchability_aware_loss: bool = False
+    dense_one_to_one: bool = False
     # "scipy": exact host solver; the train step must run with jit_compile=False.
     # "ops": pure keras.ops solver, same minimum cost, lets the whole step compile with XLA.
     matcher_solver: str = "scipy"
@@ -216,8 +218,9 @@ def _check_values(config: DetrConfig) -> None:
     if config.architecture == "rtdetr" and config.denoising_groups:
         _fail("denoising_groups", config.denoising_groups, "0 with architecture 'rtdetr' "
               "(RT-DETR's denoising queries are its rtdetr field 'num_denoising')")
-    if config.deim and config.architecture != "rtdetr":
-        _fail("deim", config.deim, "False unless architecture is 'rtdetr' (rtdetr-*, dfine-*)")
+    for field in ("matchability_aware_loss", "dense_one_to_one"):  # DEIM's
+        if getattr(config, field) and config.architecture != "rtdetr":
+            _fail(field, True, "False unless architecture is 'rtdetr' (rtdetr-*, dfine-*)")
     if config.backbone not in BACKBONES:
         _fail("backbone", config.backbone, f"one of {BACKBONES}")
     if config.tiny_norm not in TINY_NORMS:

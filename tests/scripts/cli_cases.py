@@ -173,6 +173,7 @@ CASES += [  # bad choices, data files, work-directory states and models
     A("detr-preset", DETR + " --preset nope", F("--preset")),
     A("detr-multi-worker", DETR + " --strategy multi_worker", "TF_CONFIG"),
     A("detr-not-a-flag", DETR + " --xla", F("--xla")),  # train_nmt.py's
+    A("detr-deim-detr", DETR + " --deim", F("--deim"), "rtdetr"),  # the default tiny: DETR
     A("detr-backbone-missing", DETR + " --preset r50 --backbone-weights {FX}/no.h5", "no.h5"),
     A("detr-init-missing", DETR + " --init-from {FX}/gone", F("--init-from"), "gone"),
     A("detr-init-tsv", DETR + " --init-from {FX}/good.tsv", F("--init-from"), "good.tsv"),

@@ -93,7 +93,7 @@ def test_model_kwargs_are_the_detr_arguments():
     ({"cost_class": 0, "cost_bbox": 0, "cost_giou": 0}, "cost_class=0"),
     ({"query_type": "anchors"}, "query_type='anchors'"),
     ({"attention_radius": 0}, "attention_radius=0"),
-    ({"deim": True}, "deim=True"),  # DEIM trains the real-time detectors only
+    ({"dense_one_to_one": True}, "dense_one_to_one=True"),  # DEIM's: real-time ones only
     ({"attention_radius": True}, "attention_radius=True"),
     # Combinations: refinement needs reference boxes, a radius needs reference points.
     ({"query_type": "reference"}, "box_refinement=True, query_type='reference'"),

@@ -39,9 +39,6 @@ CONFIG_FLAGS = {
     "clip_norm": ("--clip-norm", dict(
         type=positive(float), metavar="NORM",
         help="clip the gradients to this global norm (default: the preset's, DETR's 0.1)")),
-    "deim": ("--deim", dict(
-        action="store_true", help="rtdetr-*/dfine-* presets: DEIM's training losses (the "
-                                  "matchability-aware loss, dense one-to-one box losses)")),
     "backbone_weights": ("--backbone-weights", dict(
         metavar="FILE", help="r50: local ImageNet weights of torchvision's ResNet-50 (.pth, or "
                              ".safetensors with the same names)")),
@@ -60,13 +57,22 @@ def command(argv=None) -> int:
                              "export, a model.keras, or with an rtdetr-* preset a transformers "
                              "RT-DETR folder (the class heads are re-initialized when the "
                              "classes differ)")
+    parser.add_argument("--deim", action="store_true",
+                        help="rtdetr-*/dfine-* presets: DEIM's training losses (the "
+                             "matchability-aware loss, dense one-to-one box losses)")
     parser.add_argument("--skip-bad-images", action="store_true",
                         help="coco: train without the image files that cannot be decoded "
                              "(and their annotations) instead of stopping with their names")
     args = parser.parse_args(argv)
     if args.backbone_weights is not None and not os.path.isfile(args.backbone_weights):
         parser.error(f"--backbone-weights: no such file {args.backbone_weights!r}")
-    config = preset(args.preset, **overrides_from_args(args, CONFIG_FLAGS))
+    overrides = overrides_from_args(args, CONFIG_FLAGS)
+    if args.deim:
+        if PRESETS[args.preset].architecture != "rtdetr":
+            parser.error(f"--deim: DEIM trains the real-time detectors, an rtdetr-* or dfine-* "
+                         f"preset (--preset {args.preset} is DETR)")
+        overrides.update(matchability_aware_loss=True, dense_one_to_one=True)
+    config = preset(args.preset, **overrides)
     if args.init_from is not None:
         check_init_source(args.init_from)  # before any data is read
     scores = train_detr(args.data, args.workdir, config, run_options_from_args(args),

@@ -88,12 +88,12 @@ class DFine(RTDetr):
 
 def dfine_criterion(num_classes: int, decoder, solver: str = "scipy", aux_loss: bool = True,
                     weights: dict | None = None,
-                    costs: tuple[float, float, float] = (2.0, 5.0, 2.0), deim: bool = False):
+                    costs: tuple[float, float, float] = (2.0, 5.0, 2.0), **deim):
     """D-FINE's set criterion (transformers' ``DFineConfig`` defaults): RT-DETR's matcher and
     varifocal / L1 / GIoU losses plus FGL and DDF on the edge distributions of ``decoder``
     (a `DFineDecoder`), weighted 1 / 5 / 2 / 0.15 / 1.5 (`weights` replaces them); see
-    `vision.matching.fdr_losses`. `deim`: DEIM's losses (`vision.modeling.rtdetr.
-    criterion_terms`)."""
+    `vision.matching.fdr_losses`. `deim`: `vision.modeling.rtdetr.criterion_terms`'s
+    switches of DEIM's losses."""
     from vision.matching.fdr_losses import DFineCriterion
 
     matcher = HungarianMatcher(*costs, solver=solver, classification="focal", alpha=0.25,
@@ -101,4 +101,4 @@ def dfine_criterion(num_classes: int, decoder, solver: str = "scipy", aux_loss: 
     kwargs = {} if weights is None else {"weight_dict": weights}
     return DFineCriterion(num_classes, matcher, max_num_bins=decoder.max_num_bins,
                           reg_scale=decoder.reg_scale, up=decoder.up, aux_loss=aux_loss,
-                          **criterion_terms(deim), **kwargs)
+                          **criterion_terms(**deim), **kwargs)

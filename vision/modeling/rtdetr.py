@@ -314,24 +314,25 @@ class RTDetr(SetLossModel):
 def rtdetr_criterion(num_classes: int, solver: str = "scipy", aux_loss: bool = True,
                      weights: dict | None = None,
                      costs: tuple[float, float, float] = (2.0, 5.0, 2.0),
-                     deim: bool = False) -> SetCriterion:
+                     **deim) -> SetCriterion:
     """RT-DETR's set criterion (transformers' ``RTDetrConfig`` defaults): focal matching cost
     (class, L1, GIoU `costs` 2, 5, 2; alpha 0.25, gamma 2), varifocal loss (alpha 0.75,
     gamma 2) and box losses, weighted 1 / 5 / 2 (`weights` replaces them), on every decoder
-    layer with `aux_loss` and on the selected cells. `deim`: DEIM's training losses
-    (`criterion_terms`)."""
+    layer with `aux_loss` and on the selected cells. `deim`: `criterion_terms`'s switches
+    of DEIM's losses."""
     matcher = HungarianMatcher(*costs, solver=solver, classification="focal", alpha=0.25,
                                gamma=2.0)
     return SetCriterion(num_classes, matcher, weight_dict=weights, aux_loss=aux_loss,
-                        **criterion_terms(deim))
+                        **criterion_terms(**deim))
 
 
-def criterion_terms(deim: bool = False) -> dict:
-    """The classification settings of the real-time detectors' criteria: RT-DETR's and
-    D-FINE's varifocal loss (alpha 0.75, gamma 2), or with `deim` DEIM's matchability-aware
-    loss (gamma 1.5, as DEIM's published configs) with dense one-to-one box losses
-    (`vision.matching.dense`)."""
-    if deim:
-        return {"classification": "matchability", "focal_alpha": 0.75, "focal_gamma": 1.5,
-                "dense_one_to_one": True}
-    return {"classification": "varifocal", "focal_alpha": 0.75, "focal_gamma": 2.0}
+def criterion_terms(matchability_aware_loss: bool = False,
+                    dense_one_to_one: bool = False) -> dict:
+    """The `SetCriterion` settings of the real-time detectors' classification and matching:
+    RT-DETR's and D-FINE's varifocal loss (alpha 0.75, gamma 2), or DEIM's
+    matchability-aware loss (gamma 1.5, as DEIM's published configs); one-to-one box losses,
+    or DEIM's dense one-to-one ones (`vision.matching.dense`)."""
+    terms = {"classification": "matchability", "focal_alpha": 0.75, "focal_gamma": 1.5} if \
+        matchability_aware_loss else {"classification": "varifocal", "focal_alpha": 0.75,
+                                      "focal_gamma": 2.0}
+    return {**terms, "dense_one_to_one": bool(dense_one_to_one)}

@@ -245,15 +245,16 @@ def build_rtdetr_model(config: DetrConfig, num_classes: int):
     """The built `RTDetr` of an ``architecture="rtdetr"`` config (its ``rtdetr`` fields with
     the config's ``num_queries`` and ``dropout``; a `DFine` for a D-FINE's) and its
     `rtdetr_criterion` (the config's matcher costs, solver, auxiliary losses and weights,
-    ``loss_ce`` weighting the varifocal loss, or with ``deim`` DEIM's; `dfine_criterion` with
-    FGL and DDF for D-FINE)."""
+    ``loss_ce`` weighting the varifocal loss or DEIM's; `dfine_criterion` with FGL and DDF for
+    D-FINE)."""
     from vision.modeling.dfine import DFine, dfine_criterion
     from vision.pretrained.rtdetr import build_rtdetr
     from vision.pretrained.rtdetr_config import rtdetr_settings
 
     fields = {**config.rtdetr, "num_queries": config.num_queries, "dropout": config.dropout}
     model = build_rtdetr(rtdetr_settings(fields, f"preset {config.name}: rtdetr"), num_classes)
-    weights = {"loss_mal" if config.deim else "loss_vfl": config.loss_ce,
+    deim = {key: getattr(config, key) for key in ("matchability_aware_loss", "dense_one_to_one")}
+    weights = {"loss_mal" if config.matchability_aware_loss else "loss_vfl": config.loss_ce,
                "loss_bbox": config.loss_bbox, "loss_giou": config.loss_giou}
     costs = (config.cost_class, config.cost_bbox, config.cost_giou)
     if isinstance(model, DFine):  # and D-FINE's localization losses, at its config's weights
@@ -261,10 +262,10 @@ def build_rtdetr_model(config: DetrConfig, num_classes: int):
                        loss_ddf=float(fields.get("weight_loss_ddf", 1.5)))
         return model, dfine_criterion(num_classes, model.decoder, solver=config.matcher_solver,
                                       aux_loss=config.aux_loss, weights=weights, costs=costs,
-                                      deim=config.deim)
+                                      **deim)
     criterion = rtdetr_criterion(num_classes, solver=config.matcher_solver,
                                  aux_loss=config.aux_loss, weights=weights, costs=costs,
-                                 deim=config.deim)
+                                 **deim)
     return model, criterion
 
 

@@ -193,14 +193,15 @@ DEIM_WEIGHTS = {**WEIGHTS, "loss_mal": 1.0}  # Deimv2Config's weight_loss_mal
 
 
 def test_deim_losses_are_transformers_deimv2_criterion(reference):
-    """``deim=True`` (the matchability-aware loss, gamma 1.5; dense one-to-one box, FGL and
+    """DEIM's losses (the matchability-aware loss, gamma 1.5; dense one-to-one box, FGL and
     DDF terms) on the training-mode outputs of ``small`` against transformers' DEIMv2
     criterion on the same outputs, paired as transformers pairs them."""
     from vision.modeling.dfine import dfine_criterion
 
     folder, expected = reference
     model = rtdetr_convert.load_rtdetr(folder / "small")
-    criterion = dfine_criterion(5, model.decoder, deim=True)
+    criterion = dfine_criterion(5, model.decoder, matchability_aware_loss=True,
+                                dense_one_to_one=True)
     targets = {key: expected[f"small_train_{key}"] for key in ("labels", "boxes", "valid")}
     outputs = model(expected["images"], training=True)
     ours = criterion(_transformers_pairing(outputs), targets)
@@ -321,7 +322,8 @@ def test_init_from_a_dfine_folder_loads_all_but_the_class_heads(reference):
     assert type(criterion).__name__ == "DFineCriterion"
     assert (criterion.classification, criterion.dense_one_to_one) == ("varifocal", False)
     # --deim: DEIM's losses at the config's weights, and the model's tracker named for them.
-    _, deim = build_rtdetr_model(dataclasses.replace(config, deim=True, loss_ce=2.0), 2)
+    _, deim = build_rtdetr_model(dataclasses.replace(
+        config, matchability_aware_loss=True, dense_one_to_one=True, loss_ce=2.0), 2)
     assert (deim.classification, deim.focal_gamma, deim.dense_one_to_one) == (
         "matchability", 1.5, True)
     assert deim.weight_dict["loss_mal"] == 2.0 and "loss_vfl" not in deim.weight_dict
