@@ -196,8 +196,8 @@ def test_module(path: str):
 def load_case(name: str):
     if name not in CASES:
         raise ValueError(f"no case {name!r} (the cases: {', '.join(CASES)})")
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
+    # benchmarks/ is on the path wherever this module is importable as ``harness`` (the
+    # script's own folder, or the importer's entry), so ``cases`` is too.
     return importlib.import_module(f"cases.{name}")
 
 
