@@ -33,6 +33,7 @@ import numpy as np
 from keras import ops
 
 from vision.matching.losses import SetCriterion
+from vision.matching.terms import matched_targets
 from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou
 from vision.modeling.dfine_decoder import weighting_function
 
@@ -167,14 +168,13 @@ class DFineCriterion(SetCriterion):
         return super().__call__(outputs, targets, num_boxes)
 
     def _losses_of_match(self, layer: dict, labels: Any, boxes: Any, indices: Any,
-                         pred_valid: Any, num_boxes: Any) -> dict:
-        losses = super()._losses_of_match(layer, labels, boxes, indices, pred_valid, num_boxes)
+                         pred_valid: Any, num_boxes: Any, union: tuple | None = None) -> dict:
+        losses = super()._losses_of_match(layer, labels, boxes, indices, pred_valid, num_boxes,
+                                          union)
         if "pred_corners" not in layer:
             return losses
-        indices = ops.stop_gradient(ops.cast(indices, "int32"))
-        matched = indices >= 0
-        gather = ops.repeat(ops.maximum(indices, 0)[..., None], 4, axis=-1)
-        target_boxes = ops.take_along_axis(boxes, gather, axis=1)
+        indices, num_boxes = union or (indices, num_boxes)  # FGL and DDF: the box terms'
+        matched, _, target_boxes = matched_targets(labels, boxes, indices)
         pred_boxes = ops.cast(layer["pred_boxes"], "float32")
         losses["loss_fgl"] = fine_grained_localization_loss(
             layer["pred_corners"], layer["ref_points"], pred_boxes, target_boxes, matched,

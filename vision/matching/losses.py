@@ -45,6 +45,7 @@ from vision.matching.terms import (
     box_losses,
     cross_entropy_loss,
     matchability_aware_loss,
+    matched_targets,
     varifocal_loss,
 )
 
@@ -270,13 +271,9 @@ class SetCriterion:
             indices = self._match(layer, labels, boxes, valid, where)
         pred_valid = layer.get("valid")  # (B, Q) bool or None: predictions that may match
         pred_valid = None if pred_valid is None else ops.cast(pred_valid, "bool")
-        losses = self._losses_of_match(layer, labels, boxes, indices, pred_valid, num_boxes)
-        if "union" in layer:
-            union = self._losses_of_match(layer, labels, boxes, layer["union"], pred_valid,
-                                          layer["union_boxes"])
-            losses.update({name: value for name, value in union.items()
-                           if name != self._class_loss})
-        return losses
+        union = (layer["union"], layer["union_boxes"]) if "union" in layer else None
+        return self._losses_of_match(layer, labels, boxes, indices, pred_valid, num_boxes,
+                                     union)
 
     def _match(self, layer: dict, labels: Any, boxes: Any, valid: Any, where: str) -> Any:
         """``(B, Q)`` each prediction's target (-1: none) by the matcher; predictions outside
@@ -304,17 +301,13 @@ class SetCriterion:
         return ops.where(pred_valid, indices, -1)
 
     def _losses_of_match(self, layer: dict, labels: Any, boxes: Any, indices: Any,
-                         pred_valid: Any, num_boxes: Any) -> dict:
+                         pred_valid: Any, num_boxes: Any, union: tuple | None = None) -> dict:
         """The three losses given each prediction's target index (-1: no-object);
-        ``pred_valid`` (None: all) marks the predictions that take part."""
+        ``pred_valid`` (None: all) marks the predictions that take part; ``union``: the
+        indices and normalizer the box terms use instead (dense one-to-one)."""
         logits = ops.cast(layer["pred_logits"], "float32")  # (B, Q, C [+ 1])
         pred_boxes = ops.cast(layer["pred_boxes"], "float32")  # (B, Q, 4)
-        indices = ops.stop_gradient(ops.cast(indices, "int32"))  # (B, Q), -1 = unmatched
-        matched = indices >= 0  # (B, Q)
-        safe_indices = ops.maximum(indices, 0)
-        matched_labels = ops.take_along_axis(ops.cast(labels, "int32"), safe_indices, axis=1)
-        gather = ops.repeat(safe_indices[..., None], 4, axis=-1)  # (B, Q, 4)
-        target_boxes = ops.take_along_axis(boxes, gather, axis=1)  # (B, Q, 4)
+        matched, matched_labels, target_boxes = matched_targets(labels, boxes, indices)
         args = (logits, pred_boxes, target_boxes, matched_labels, matched, pred_valid)
         if self.classification == "softmax":
             value = cross_entropy_loss(*args, self.eos_coef, self.iou_aware)
@@ -322,8 +315,11 @@ class SetCriterion:
             value = varifocal_loss(*args, self.focal_alpha, self.focal_gamma) / num_boxes
         else:
             value = matchability_aware_loss(*args, self.focal_gamma, self.mal_alpha) / num_boxes
-        classes = {self._class_loss: value}
-        return {**classes, **box_losses(pred_boxes, target_boxes, matched, num_boxes)}
+        if union is not None:
+            matched, _, target_boxes = matched_targets(labels, boxes, union[0])
+            num_boxes = union[1]
+        return {self._class_loss: value,
+                **box_losses(pred_boxes, target_boxes, matched, num_boxes)}
 
     def get_config(self) -> dict:
         config = {key: getattr(self, key) for key in (
@@ -347,4 +343,3 @@ def _tagged(losses: dict, tag: str) -> dict:
         term, _, layer = name.partition("_")[2].partition("_")
         renamed["_".join(["loss", term, tag] + ([layer] if layer else []))] = value
     return renamed
-

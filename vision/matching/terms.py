@@ -14,7 +14,18 @@ from keras import ops
 
 from vision.modeling.box_ops import box_cxcywh_to_xyxy, box_iou, generalized_box_iou
 
-__all__ = ["box_losses", "cross_entropy_loss", "matchability_aware_loss", "varifocal_loss"]
+__all__ = ["box_losses", "cross_entropy_loss", "matchability_aware_loss", "matched_targets",
+           "varifocal_loss"]
+
+
+def matched_targets(labels: Any, boxes: Any, indices: Any) -> tuple:
+    """``(matched, matched_labels, target_boxes)`` of each prediction's target index
+    ``indices`` ``(B, Q)`` (-1: none; no gradient): ``(B, Q)`` bool, ``(B, Q)`` int32 and
+    ``(B, Q, 4)``, the last two any value where unmatched."""
+    indices = ops.stop_gradient(ops.cast(indices, "int32"))
+    safe = ops.maximum(indices, 0)
+    return (indices >= 0, ops.take_along_axis(ops.cast(labels, "int32"), safe, axis=1),
+            ops.take_along_axis(boxes, ops.repeat(safe[..., None], 4, axis=-1), axis=1))
 
 
 def _own_iou(pred_boxes: Any, target_boxes: Any) -> Any:
@@ -52,17 +63,11 @@ def varifocal_loss(logits: Any, pred_boxes: Any, target_boxes: Any, matched_labe
     matched box's IoU, no gradient, on its class; 0 elsewhere), weighted by
     ``alpha * sigmoid(logit)^gamma`` (no gradient) where the target is 0 and by the target
     score where it is not."""
-    one_hot = ops.one_hot(matched_labels, logits.shape[-1]) * ops.cast(
-        matched, "float32")[..., None]  # (B, Q, C), zero where unmatched
+    one_hot = _class_one_hot(logits, matched_labels, matched)
     score = ops.stop_gradient(_own_iou(pred_boxes, target_boxes))[..., None] * one_hot
     prob = ops.stop_gradient(ops.sigmoid(logits))
-    weight = alpha * prob**gamma * (1.0 - one_hot) + score
-    # Binary cross-entropy with logits, in its stable form.
-    bce = ops.relu(logits) - logits * score + ops.log1p(ops.exp(-ops.abs(logits)))
-    loss = weight * bce
-    if pred_valid is not None:  # invalid predictions take no part in the loss
-        loss = ops.where(ops.cast(pred_valid, "bool")[..., None], loss, 0.0)
-    return ops.sum(loss)
+    return _weighted_bce_sum(logits, score, alpha * prob**gamma * (1.0 - one_hot) + score,
+                             pred_valid)
 
 
 def matchability_aware_loss(logits: Any, pred_boxes: Any, target_boxes: Any,
@@ -74,14 +79,24 @@ def matchability_aware_loss(logits: Any, pred_boxes: Any, target_boxes: Any,
     by 1 on the matched class and by ``sigmoid(logit)^gamma`` (no gradient; times ``alpha``
     if given) elsewhere. Unlike the varifocal loss, a poorly placed match is not weighted
     down: its low target still pulls its score up from nothing."""
-    one_hot = ops.one_hot(matched_labels, logits.shape[-1]) * ops.cast(
-        matched, "float32")[..., None]  # (B, Q, C), zero where unmatched
+    one_hot = _class_one_hot(logits, matched_labels, matched)
     iou = ops.stop_gradient(ops.clip(_own_iou(pred_boxes, target_boxes), 0.0, 1.0))
     score = (iou[..., None] * one_hot) ** gamma
     prob = ops.stop_gradient(ops.sigmoid(logits))
     weight = (1.0 if alpha is None else alpha) * prob**gamma * (1.0 - one_hot) + one_hot
-    bce = ops.relu(logits) - logits * score + ops.log1p(ops.exp(-ops.abs(logits)))
-    loss = weight * bce
+    return _weighted_bce_sum(logits, score, weight, pred_valid)
+
+
+def _class_one_hot(logits: Any, matched_labels: Any, matched: Any) -> Any:
+    """``(B, Q, C)``: 1 on each matched prediction's class, 0 elsewhere."""
+    return ops.one_hot(matched_labels, logits.shape[-1]) * ops.cast(matched, "float32")[
+        ..., None]
+
+
+def _weighted_bce_sum(logits: Any, target: Any, weight: Any, pred_valid: Any) -> Any:
+    """``Σ weight · BCE(logits, target)`` (the stable form with logits) over the valid
+    predictions (``pred_valid`` None: all)."""
+    loss = weight * (ops.relu(logits) - logits * target + ops.log1p(ops.exp(-ops.abs(logits))))
     if pred_valid is not None:  # invalid predictions take no part in the loss
         loss = ops.where(ops.cast(pred_valid, "bool")[..., None], loss, 0.0)
     return ops.sum(loss)
